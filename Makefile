@@ -1,0 +1,42 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+# Each target creates .venv with `python3 -m venv` when it is missing and installs
+# the project with its pinned dependencies (constraints.txt).
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.treellm-installed
+
+.PHONY: demo test lint bench install clean constraints
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	@touch $@
+
+demo: $(STAMP)
+	$(BIN)/treellm sign search '{"query": "loop detection", "limit": 10}'
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check treellm tests benchmarks
+	$(BIN)/ruff format --check treellm tests benchmarks
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+bench: $(STAMP)
+	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# Re-pin every dependency from a fresh resolution (run by hand, then commit).
+constraints:
+	rm -rf .venv-pin && $(PYTHON) -m venv .venv-pin
+	.venv-pin/bin/pip install --quiet -e '.[dev]'
+	.venv-pin/bin/pip freeze --exclude-editable | grep -v '^treellm' > constraints.txt
+	rm -rf .venv-pin
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,59 @@
+"""The public surface is exactly what we mean it to be (no accidental exports)."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+import treellm
+
+PUBLIC = {
+    "treellm": {
+        "CallKey",
+        "ConfigError",
+        "LoopDecision",
+        "LoopDetector",
+        "ModelError",
+        "PathSignatures",
+        "RawArguments",
+        "ScriptExhaustedError",
+        "ToolDefinitionError",
+        "TreeLLMError",
+        "__version__",
+        "canonical_json",
+        "parse_arguments",
+        "signature",
+        "stable_hash",
+    },
+}
+
+
+@pytest.mark.parametrize("module_name", sorted(PUBLIC))
+def test_all_is_exactly_the_intended_public_names(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    assert set(module.__all__) == PUBLIC[module_name]
+
+
+@pytest.mark.parametrize("module_name", sorted(PUBLIC))
+def test_all_is_sorted_and_every_name_resolves(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    assert list(module.__all__) == sorted(module.__all__)
+    for name in module.__all__:
+        assert hasattr(module, name), name
+
+
+def test_no_public_attribute_escapes_all() -> None:
+    public_attrs = {
+        name
+        for name, value in vars(treellm).items()
+        if not name.startswith("_") and not getattr(value, "__name__", "").startswith("treellm.")
+    }
+    assert public_attrs <= set(treellm.__all__)
+
+
+def test_every_error_derives_from_treellm_error() -> None:
+    for name in treellm.__all__:
+        value = getattr(treellm, name)
+        if isinstance(value, type) and issubclass(value, Exception):
+            assert issubclass(value, treellm.TreeLLMError), name

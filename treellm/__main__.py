@@ -1,0 +1,5 @@
+"""``python -m treellm``: the same as the ``treellm`` command."""
+
+from treellm.cli import main
+
+raise SystemExit(main())

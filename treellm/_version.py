@@ -1,0 +1,3 @@
+"""The package version (read by hatchling and ``treellm --version``)."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,292 @@
+"""Tool-call signatures compatible with the TypeScript tree-llm.
+
+Contract:
+
+- :func:`parse_arguments` is the one way argument text from a model or a trace
+  becomes arguments. Valid JSON text gives its value, parsed with JavaScript's
+  number semantics (every number is an IEEE double; integers that a double holds
+  exactly stay Python ``int``); anything else gives :class:`RawArguments`.
+  A mapping that arrives already parsed is used as it is.
+- :func:`canonical_json` is exactly tree-llm's canonical text: JavaScript
+  ``JSON.stringify`` of the value with object keys sorted recursively by
+  ``Array.prototype.sort()`` (UTF-16 code-unit order), then laid out in JS
+  property order (integer-like keys first, ascending).
+- :func:`stable_hash` is djb2 over the UTF-16 code units of that text, printed in
+  lowercase base 36; :func:`signature` is ``f"{tool}:{stable_hash(value)}"``.
+
+Hard rules: pure functions, no I/O, no state beyond a constant table of powers.
+A djb2 hash is for display and telemetry only: counting uses the canonical text
+(see :mod:`treellm.loop`), so a 32-bit collision never prunes a different call.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "RawArguments",
+    "canonical_json",
+    "js_number",
+    "parse_arguments",
+    "signature",
+    "stable_hash",
+]
+
+_MAX_ARRAY_INDEX = 2**32 - 2
+_MAX_SAFE_INT = 2**53
+
+
+@dataclass(frozen=True, slots=True)
+class RawArguments:
+    """Argument text that is not valid JSON, kept exactly as the model sent it."""
+
+    text: str
+
+
+def _parse_int(text: str) -> int | float:
+    # JavaScript reads every number as a double. Keep an int only when the
+    # double holds it exactly, so equal values stay equal across languages.
+    if len(text) > 20:
+        return float(text)
+    value = int(text)
+    return value if -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT else float(value)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+_DECODER = json.JSONDecoder(parse_int=_parse_int, parse_constant=_reject_constant)
+
+
+def parse_arguments(arguments: object) -> object:
+    """Turn tool-call arguments into a JSON value, or :class:`RawArguments`.
+
+    ``str``/``bytes`` are parsed as JSON text (surrounding whitespace allowed, as
+    ``JSON.parse`` allows it); text that does not parse becomes
+    ``RawArguments(text)``. Anything else (a dict, a list, None) is already
+    parsed and returned unchanged. Never raises.
+    """
+    if isinstance(arguments, bytes | bytearray):
+        data = bytes(arguments)
+        try:
+            arguments = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return RawArguments(data.decode("utf-8", "replace"))
+    if not isinstance(arguments, str):
+        return arguments
+    try:
+        return _DECODER.decode(arguments.strip(" \t\n\r"))
+    except (ValueError, RecursionError):
+        return RawArguments(arguments)
+
+
+# ---------------------------------------------------------------------------
+# Numbers: ECMAScript Number::toString
+# ---------------------------------------------------------------------------
+
+
+def js_number(value: float | int) -> str:
+    """Format a number as JavaScript's ``Number.prototype.toString`` (radix 10).
+
+    Non-finite values give ``"null"``, as ``JSON.stringify`` prints them.
+    """
+    if isinstance(value, int):
+        if -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT:
+            return str(value)
+        try:
+            value = float(value)
+        except OverflowError:
+            return "null"
+    if not math.isfinite(value):
+        return "null"
+    if value == 0:
+        return "0"
+    sign = "-" if value < 0 else ""
+    # repr gives the shortest digits that round-trip; read them as digits d
+    # and a decimal point position n, with |value| = 0.d * 10**n.
+    mantissa, _, exp_text = repr(abs(value)).partition("e")
+    int_part, _, frac_part = mantissa.partition(".")
+    all_digits = int_part + frac_part
+    digits = all_digits.lstrip("0")
+    n = len(int_part) + int(exp_text or 0) - (len(all_digits) - len(digits))
+    digits = digits.rstrip("0")
+    k = len(digits)
+    if k <= n <= 21:
+        return sign + digits + "0" * (n - k)
+    if 0 < n <= 21:
+        return sign + digits[:n] + "." + digits[n:]
+    if -6 < n <= 0:
+        return sign + "0." + "0" * (-n) + digits
+    e = n - 1
+    exp_str = f"e+{e}" if e >= 0 else f"e-{-e}"
+    if k == 1:
+        return sign + digits + exp_str
+    return sign + digits[0] + "." + digits[1:] + exp_str
+
+
+# ---------------------------------------------------------------------------
+# Strings and keys
+# ---------------------------------------------------------------------------
+
+_encode_string = json.encoder.encode_basestring
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_LONE_SURROGATE = re.compile("[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]")
+
+
+def _js_string(text: str) -> str:
+    quoted: str = _encode_string(text)
+    if _SURROGATE.search(quoted) is None:
+        return quoted
+    return _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", quoted)
+
+
+def _is_array_index(key: str) -> bool:
+    if not key or not key.isascii() or not key.isdigit():
+        return False
+    if len(key) > 1 and key[0] == "0":
+        return False
+    return len(key) <= 10 and int(key) <= _MAX_ARRAY_INDEX
+
+
+def _utf16_units(text: str) -> bytes:
+    return text.encode("utf-16-be", "surrogatepass")
+
+
+def _js_key_order(keys: list[str]) -> list[str]:
+    """Keys sorted by ``Array.prototype.sort()``, then laid out in JS property order."""
+    indices = sorted((k for k in keys if _is_array_index(k)), key=int)
+    names = [k for k in keys if not _is_array_index(k)]
+    if all(k.isascii() for k in names):
+        names.sort()
+    else:
+        names.sort(key=_utf16_units)
+    return indices + names if indices else names
+
+
+# ---------------------------------------------------------------------------
+# Canonical JSON
+# ---------------------------------------------------------------------------
+
+
+def _write(value: object, out: list[str]) -> None:
+    if isinstance(value, str):
+        out.append(_js_string(value))
+    elif value is None:
+        out.append("null")
+    elif value is True:
+        out.append("true")
+    elif value is False:
+        out.append("false")
+    elif isinstance(value, int | float):
+        out.append(js_number(value))
+    elif isinstance(value, Mapping):
+        keys = [str(k) for k in value]
+        by_text = {str(k): v for k, v in value.items()}
+        out.append("{")
+        first = True
+        for key in _js_key_order(keys):
+            if not first:
+                out.append(",")
+            first = False
+            out.append(_js_string(key))
+            out.append(":")
+            _write(by_text[key], out)
+        out.append("}")
+    elif isinstance(value, list | tuple):
+        out.append("[")
+        for i, item in enumerate(value):
+            if i:
+                out.append(",")
+            _write(item, out)
+        out.append("]")
+    elif isinstance(value, RawArguments):
+        out.append(_js_string(value.text))
+    else:
+        # Not a JSON value (a datetime, a set from a framework's own parser):
+        # sign it by its text rather than refuse to check the call.
+        out.append(_js_string(str(value)))
+
+
+def canonical_json(value: object) -> str:
+    """tree-llm's canonical text of a parsed JSON value (see the module docstring).
+
+    A :class:`RawArguments` is taken as a JSON string of its text. Values that are
+    not JSON (a set, a datetime) are taken as the JSON string of their ``str()``.
+    """
+    if isinstance(value, str):
+        return _js_string(value)
+    out: list[str] = []
+    _write(value, out)
+    return "".join(out)
+
+
+# ---------------------------------------------------------------------------
+# djb2 over UTF-16 code units
+# ---------------------------------------------------------------------------
+
+_TABLE_SIZE = 4096
+# 33**i mod 2**32 for i = 0 .. _TABLE_SIZE, a constant table (never mutated).
+_POWERS = np.ones(_TABLE_SIZE + 1, dtype=np.uint32)
+for _i in range(1, _TABLE_SIZE + 1):
+    _POWERS[_i] = np.uint32((int(_POWERS[_i - 1]) * 33) & 0xFFFFFFFF)
+_REVERSED = _POWERS[:_TABLE_SIZE][::-1].copy()
+_SMALL = 24  # below this many code units a Python loop beats numpy's call overhead
+_DIGITS36 = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def _djb2_units(units: np.ndarray[Any, np.dtype[np.uint32]]) -> int:
+    h = 5381
+    for start in range(0, len(units), _TABLE_SIZE):
+        chunk = units[start : start + _TABLE_SIZE]
+        n = len(chunk)
+        poly = int(np.dot(chunk, _REVERSED[_TABLE_SIZE - n :]).astype(np.uint32))
+        h = (h * int(_POWERS[n]) + poly) & 0xFFFFFFFF
+    return h
+
+
+def djb2(text: str) -> int:
+    """djb2 (h = h * 33 + unit, mod 2**32, from 5381) over UTF-16 code units."""
+    if text.isascii():
+        if len(text) < _SMALL:
+            h = 5381
+            for ch in text.encode("ascii"):
+                h = (h * 33 + ch) & 0xFFFFFFFF
+            return h
+        units = np.frombuffer(text.encode("ascii"), dtype=np.uint8).astype(np.uint32)
+    else:
+        raw = text.encode("utf-16-le", "surrogatepass")
+        units = np.frombuffer(raw, dtype="<u2").astype(np.uint32)
+    return _djb2_units(units)
+
+
+def _base36(n: int) -> str:
+    if n == 0:
+        return "0"
+    out = []
+    while n:
+        n, r = divmod(n, 36)
+        out.append(_DIGITS36[r])
+    return "".join(reversed(out))
+
+
+def hash_text(canonical: str) -> str:
+    """The base-36 djb2 of an already canonical text."""
+    return _base36(djb2(canonical))
+
+
+def stable_hash(value: object) -> str:
+    """tree-llm's ``stableHash``: djb2 of :func:`canonical_json`, base 36."""
+    return hash_text(canonical_json(value))
+
+
+def signature(tool_name: str, value: object) -> str:
+    """tree-llm's signature of a call: ``f"{tool_name}:{stable_hash(value)}"``."""
+    return f"{tool_name}:{stable_hash(value)}"
