@@ -5,21 +5,53 @@ no provider is installed, no file is opened.
 """
 
 from treellm._version import __version__
+from treellm.agent import TreeExecutor
+from treellm.config import ToolLimits, TreeConfig
+from treellm.engine.events import Chunk, ChunkType, Event, EventType, RunStats
+from treellm.engine.executor import BranchAnswer, RunResult
+from treellm.engine.nodes import CollapseNode, NodeKind, NodeStatus, PrunedCall, ThinkNode, ToolNode
+from treellm.engine.tools import Skill, Tool
 from treellm.errors import ConfigError, ModelError, ScriptExhaustedError, ToolDefinitionError, TreeLLMError
 from treellm.loop import CallKey, LoopDecision, LoopDetector, PathSignatures
+from treellm.models.base import ChatModel, ModelRequest, ModelTurn, ToolCall, Usage
+from treellm.models.scripted import ScriptedModel
 from treellm.signature import RawArguments, canonical_json, parse_arguments, signature, stable_hash
 
 __all__ = [
+    "BranchAnswer",
     "CallKey",
+    "ChatModel",
+    "Chunk",
+    "ChunkType",
+    "CollapseNode",
     "ConfigError",
+    "Event",
+    "EventType",
     "LoopDecision",
     "LoopDetector",
     "ModelError",
+    "ModelRequest",
+    "ModelTurn",
+    "NodeKind",
+    "NodeStatus",
     "PathSignatures",
+    "PrunedCall",
     "RawArguments",
+    "RunResult",
+    "RunStats",
     "ScriptExhaustedError",
+    "ScriptedModel",
+    "Skill",
+    "ThinkNode",
+    "Tool",
+    "ToolCall",
     "ToolDefinitionError",
+    "ToolLimits",
+    "ToolNode",
+    "TreeConfig",
+    "TreeExecutor",
     "TreeLLMError",
+    "Usage",
     "__version__",
     "canonical_json",
     "parse_arguments",

@@ -5,7 +5,7 @@
     TreeLLMError
     ├── ConfigError            a setting or limits file is invalid (names the setting)
     ├── ModelError             the chat model failed (HTTP status, transport, protocol)
-    │   └── ScriptExhaustedError  a ScriptedModel ran out of turns
+    ├── ScriptExhaustedError   a ScriptedModel ran out of turns (a bug in the script: propagates)
     └── ToolDefinitionError    a tool or skill is declared wrongly (names the tool)
 
 Third-party errors are re-raised ``from exc`` where the library is called. A
@@ -40,7 +40,7 @@ class ModelError(TreeLLMError):
         self.retryable = retryable
 
 
-class ScriptExhaustedError(ModelError):
+class ScriptExhaustedError(TreeLLMError):
     """A :class:`~treellm.ScriptedModel` was asked for more turns than it holds."""
 
     def __init__(self, message: str, *, requests: int) -> None:

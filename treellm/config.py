@@ -1,0 +1,178 @@
+"""Frozen, validated configuration: :class:`TreeConfig` and per-tool :class:`ToolLimits`.
+
+Hard rules:
+
+- Defaults live only in the dataclass fields below; the README's settings table
+  is checked against them by a test.
+- Values are validated when built, with "expected X, got Y" errors
+  (:class:`~treellm.errors.ConfigError` naming the setting, and the file when
+  one was read).
+- Per-tool limits follow the limit precedence of ``docs/architecture.md``: a
+  limits file (``tool_limits``, read by :meth:`TreeConfig.from_file`) > the
+  tool's own settings in code > ``max_repeats_per_signature``.
+
+The limits file is the TOML that ``treellm tune`` writes::
+
+    [defaults]                 # optional: any TreeConfig field
+    max_repeats_per_signature = 1
+
+    [tools.fetch_url]          # one table per tool, every key optional
+    max_repeats = 3
+    on_repeat = "nudge"        # prune | nudge | cache
+    mutates = false
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from treellm.errors import ConfigError
+
+__all__ = ["Branching", "RepeatAction", "ToolLimits", "TreeConfig"]
+
+RepeatAction = Literal["prune", "nudge", "cache"]
+Branching = Literal["collapse", "fork"]
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are an agent that solves the user's task with the tools offered. "
+    "Call tools when they help; when the task is done, call task_complete with the result."
+)
+
+
+def _expect(setting: str, ok: bool, expected: str, got: object, path: str | None = None) -> None:
+    if not ok:
+        where = f" in {path}" if path else ""
+        raise ConfigError(f"{setting}{where}: expected {expected}, got {got!r}", setting=setting, path=path)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolLimits:
+    """Settings for one tool read from a limits file; ``None`` means "not set there"."""
+
+    max_repeats: int | None = None
+    on_repeat: RepeatAction | None = None
+    mutates: bool | None = None
+
+    @classmethod
+    def from_mapping(cls, tool: str, data: Mapping[str, Any], path: str | None = None) -> ToolLimits:
+        known = {"max_repeats", "on_repeat", "mutates"}
+        for key in data:
+            _expect(f"tools.{tool}.{key}", key in known, "one of " + ", ".join(sorted(known)), key, path)
+        limits = cls(data.get("max_repeats"), data.get("on_repeat"), data.get("mutates"))
+        limits.validate(tool, path)
+        return limits
+
+    def validate(self, tool: str, path: str | None = None) -> None:
+        if self.max_repeats is not None:
+            ok = _is_int(self.max_repeats) and self.max_repeats >= 0
+            _expect(f"tools.{tool}.max_repeats", ok, "an integer >= 0", self.max_repeats, path)
+        if self.on_repeat is not None:
+            ok = self.on_repeat in get_args(RepeatAction)
+            _expect(f"tools.{tool}.on_repeat", ok, "prune, nudge or cache", self.on_repeat, path)
+        if self.mutates is not None:
+            _expect(
+                f"tools.{tool}.mutates", isinstance(self.mutates, bool), "true or false", self.mutates, path
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class TreeConfig:
+    """How a tree runs. Every default lives here and only here."""
+
+    node_budget: int = 50
+    """Most nodes (think, tool and collapse, skills included) one run may create."""
+    depth_limit: int = 50
+    """ThinkNodes exist at depths 0 .. depth_limit - 1 (a skill's sub-tree counts from 0)."""
+    collapse_threshold: int = 4000
+    """Characters of sibling tool results above which a CollapseNode asks for a summary."""
+    retry_max_attempts: int = 3
+    """Attempts of a failing tool handler, the first included."""
+    retry_base_delay_s: float = 1.0
+    """Delay before the second attempt; it doubles for each further attempt."""
+    max_repeats_per_signature: int = 1
+    """The default limit: identical calls that may run on one path."""
+    branching: Branching = "collapse"
+    """``collapse``: one CollapseNode merges sibling results; ``fork``: each tool result is a branch."""
+    shadow: bool = False
+    """Run every call, but report each call that would have been caught."""
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    """The system message of every root (and skill-less) ThinkNode context."""
+    max_concurrency: int = 8
+    """Most tool handlers and branches that run at once in one run."""
+    tool_limits: Mapping[str, ToolLimits] = field(default_factory=dict)
+    """Per-tool settings from a limits file; they override the tools' own."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self, path: str | None = None) -> None:
+        for name in ("node_budget", "depth_limit", "retry_max_attempts", "max_concurrency"):
+            value = getattr(self, name)
+            _expect(name, _is_int(value) and value >= 1, "an integer >= 1", value, path)
+        for name in ("collapse_threshold", "max_repeats_per_signature"):
+            value = getattr(self, name)
+            _expect(name, _is_int(value) and value >= 0, "an integer >= 0", value, path)
+        delay = self.retry_base_delay_s
+        ok = isinstance(delay, int | float) and not isinstance(delay, bool) and delay >= 0
+        _expect("retry_base_delay_s", ok, "a number >= 0", delay, path)
+        _expect("branching", self.branching in get_args(Branching), "collapse or fork", self.branching, path)
+        _expect("shadow", isinstance(self.shadow, bool), "true or false", self.shadow, path)
+        _expect("system_prompt", isinstance(self.system_prompt, str), "text", self.system_prompt, path)
+        for tool, limits in self.tool_limits.items():
+            _expect(f"tools.{tool}", isinstance(limits, ToolLimits), "a ToolLimits", limits, path)
+            limits.validate(tool, path)
+
+    def replace(self, **changes: Any) -> TreeConfig:
+        """A copy with some fields changed (validated)."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def file_limits(self) -> dict[str, int]:
+        """tool -> max_repeats, for the tools the limits file gives a limit."""
+        return {t: lim.max_repeats for t, lim in self.tool_limits.items() if lim.max_repeats is not None}
+
+    @classmethod
+    def from_file(cls, path: str | Path, **overrides: Any) -> TreeConfig:
+        """Read a TOML limits file (see the module docstring); ``overrides`` win over it."""
+        text_path = str(path)
+        try:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise ConfigError(f"limits file not found: {text_path}", path=text_path) from exc
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{text_path}: not valid TOML: {exc}", path=text_path) from exc
+        return cls.from_mapping(data, path=text_path, **overrides)
+
+    @classmethod
+    def from_mapping(
+        cls, data: Mapping[str, Any], *, path: str | None = None, **overrides: Any
+    ) -> TreeConfig:
+        """Build from the parsed limits-file structure (``defaults`` and ``tools`` tables)."""
+        for key in data:
+            _expect(key, key in ("defaults", "tools"), "a [defaults] or [tools.NAME] table", key, path)
+        defaults = dict(data.get("defaults", {}))
+        fields = {f.name for f in dataclasses.fields(cls)} - {"tool_limits"}
+        for key in defaults:
+            _expect(f"defaults.{key}", key in fields, "a TreeConfig setting", key, path)
+        tools_data = data.get("tools", {})
+        _expect("tools", isinstance(tools_data, Mapping), "a table of tools", tools_data, path)
+        tool_limits = {}
+        for tool, table in tools_data.items():
+            _expect(f"tools.{tool}", isinstance(table, Mapping), "a table", table, path)
+            tool_limits[tool] = ToolLimits.from_mapping(tool, table, path)
+        merged: dict[str, Any] = {**defaults, "tool_limits": tool_limits, **overrides}
+        try:
+            return cls(**merged)
+        except ConfigError as exc:
+            if path is None or exc.path is not None:
+                raise
+            raise ConfigError(f"{exc} (in {path})", setting=exc.setting, path=path) from exc

@@ -1,0 +1,803 @@
+"""One run of a tree: all per-run state, and the think / tool / collapse steps.
+
+Hard rules:
+
+- Every piece of per-run state lives on :class:`Run` (nodes, ids, budgets,
+  events); the executor holds none, so one executor runs many tasks at once.
+- A tool call is checked against the node's path *and* the calls already
+  accepted in the same turn before anything runs. A caught call never becomes
+  a node: it is a ``PrunedCall`` on the ThinkNode that asked for it.
+- Every tool call in an assistant message that goes back to the model is
+  answered by exactly one tool message, or removed from that message.
+- The model's and the tools' faults are data (node status, events, results
+  fed back); a ``ScriptExhaustedError`` or any other bug propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import itertools
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from treellm.config import RepeatAction, TreeConfig
+from treellm.engine.events import (
+    EVENT_TYPES,
+    BudgetExhausted,
+    Chunk,
+    ChunkType,
+    CollapseComplete,
+    CollapseStart,
+    Event,
+    LoopDetected,
+    Observer,
+    Outcome,
+    Payload,
+    RunStats,
+    SkillComplete,
+    SkillStart,
+    TaskComplete,
+    ThinkComplete,
+    ThinkStart,
+    ThinkToken,
+    ToolComplete,
+    ToolError,
+    ToolRetry,
+    ToolStart,
+)
+from treellm.engine.nodes import CollapseNode, Node, NodeKind, NodeStatus, PrunedCall, ThinkNode, ToolNode
+from treellm.engine.tools import (
+    TASK_COMPLETE,
+    TASK_COMPLETE_SPEC,
+    Skill,
+    Tool,
+    result_hash,
+    result_text,
+)
+from treellm.errors import ModelError
+from treellm.loop import CallKey, LoopDecision, LoopDetector, PathSignatures
+from treellm.models.base import (
+    ChatModel,
+    Message,
+    ModelDelta,
+    ModelRequest,
+    TextDelta,
+    ToolCall,
+    ToolSpec,
+    Usage,
+    arguments_text,
+    assemble,
+)
+from treellm.signature import RawArguments, canonical_json, parse_arguments
+
+__all__ = ["BranchEnd", "Run", "SubTree", "tree_outcome"]
+
+logger = logging.getLogger(__name__)
+
+Clock = Callable[[], int]
+Sleep = Callable[[float], Awaitable[None]]
+EndReason = Literal["answer", "prune", "budget", "error"]
+
+COLLAPSE_PROMPT = (
+    "You compress an agent's working context. Summarise the tool results below densely: keep every "
+    "fact, number, name and error the agent needs to finish its task; drop repetition."
+)
+
+
+def loop_message(tool: str, raw_arguments: str, action: RepeatAction) -> str:
+    """The chunk text of a caught call (tree-llm's wording for ``prune``)."""
+    tail = {
+        "prune": "pruning branch",
+        "nudge": "answering with a nudge",
+        "cache": "answering from cache",
+    }[action]
+    return f"[tree] Loop detected: {tool}({raw_arguments}) already in path — {tail}"
+
+
+@dataclass(frozen=True, slots=True)
+class BranchEnd:
+    node_id: str
+    reason: EndReason
+    answer: str | None = None
+    summary: str | None = None
+
+
+def tree_outcome(ends: Sequence[BranchEnd]) -> Outcome:
+    """completed if any branch answered; else budget_exhausted if any budget ran out;
+    else pruned_out when every branch ended by prune actions; else failed."""
+    reasons = {end.reason for end in ends}
+    if "answer" in reasons:
+        return "completed"
+    if "budget" in reasons:
+        return "budget_exhausted"
+    if reasons == {"prune"}:
+        return "pruned_out"
+    return "failed"
+
+
+@dataclass(slots=True)
+class SubTree:
+    """The root tree or a skill's sub-tree: its settings, tools and branch ends."""
+
+    config: TreeConfig
+    tools: Mapping[str, Tool]
+    skills: Mapping[str, Skill]
+    detector: LoopDetector
+    system_prompt: str
+    skill_stack: tuple[str, ...] = ()
+    ends: list[BranchEnd] = field(default_factory=list)
+
+    @classmethod
+    def build(
+        cls,
+        config: TreeConfig,
+        tools: Sequence[Tool],
+        skills: Sequence[Skill],
+        system_prompt: str,
+        skill_stack: tuple[str, ...] = (),
+    ) -> SubTree:
+        return cls(
+            config,
+            {t.name: t for t in tools},
+            {s.tool_name: s for s in skills},
+            LoopDetector(config.max_repeats_per_signature, file_limits=config.file_limits),
+            system_prompt,
+            skill_stack,
+        )
+
+    def specs(self) -> list[ToolSpec]:
+        return (
+            [t.spec for t in self.tools.values()]
+            + [s.spec for s in self.skills.values()]
+            + [TASK_COMPLETE_SPEC]
+        )
+
+    def max_repeats(self, tool: str) -> int | None:
+        found = self.tools.get(tool)
+        return found.max_repeats if found is not None else None
+
+    def on_repeat(self, tool: str) -> RepeatAction:
+        limits = self.config.tool_limits.get(tool)
+        if limits is not None and limits.on_repeat is not None:
+            return limits.on_repeat
+        found = self.tools.get(tool)
+        return found.on_repeat if found is not None else "prune"
+
+    def mutates(self, tool: str) -> bool:
+        limits = self.config.tool_limits.get(tool)
+        if limits is not None and limits.mutates is not None:
+            return limits.mutates
+        found = self.tools.get(tool)
+        return found.mutates if found is not None else False
+
+
+@dataclass(frozen=True, slots=True)
+class Branch:
+    """Where a ThinkNode starts: its context, path, depth and parent."""
+
+    tree: SubTree
+    messages: tuple[Message, ...]
+    path: PathSignatures
+    depth: int
+    parent_id: str | None
+
+
+@dataclass(slots=True)
+class _Accepted:
+    """A call that passed the loop check in this turn (it becomes a ToolNode)."""
+
+    call_id: str
+    node_id: str
+    name: str
+    raw: str
+    value: Any
+    key: CallKey
+    decision: LoopDecision
+    shadow_caught: bool
+    node: ToolNode | None = None
+
+
+@dataclass(slots=True)
+class _Caught:
+    """A caught call that is not run (prune, nudge or cache)."""
+
+    pruned: PrunedCall
+    key: CallKey
+
+
+class Run:
+    """Everything about one run; created per task by the executor."""
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        task: str,
+        agent: str,
+        model: ChatModel,
+        config: TreeConfig,
+        observers: Sequence[Observer],
+        clock: Clock,
+        sleep: Sleep,
+        on_chunk: Callable[[Chunk], None] | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.task = task
+        self.agent = agent
+        self.model = model
+        self.config = config
+        self.clock = clock
+        self.sleep = sleep
+        self._observers = list(observers)
+        self._on_chunk = on_chunk
+        self._ids = itertools.count(1)
+        self._call_ids = itertools.count(1)
+        self.nodes: dict[str, Node] = {}
+        self.events: list[Event] = []
+        self.chunks: list[Chunk] = []
+        self.pruned: list[PrunedCall] = []
+        self.retries = 0
+        self.compressions = 0
+        self.usage = Usage()
+        self._tool_slots = asyncio.Semaphore(config.max_concurrency)
+
+    # -- ids, events, chunks -------------------------------------------------
+
+    def new_node_id(self) -> str:
+        return f"n{next(self._ids)}"
+
+    def new_call_id(self) -> str:
+        return f"call_{next(self._call_ids)}"
+
+    def emit(self, payload: Payload, node: Node | None = None, *, skill_stack: tuple[str, ...] = ()) -> None:
+        event = Event(
+            EVENT_TYPES[type(payload)],
+            self.run_id,
+            node.id if node else None,
+            node.parent_id if node else None,
+            node.depth if node else 0,
+            node.skill_stack if node else skill_stack,
+            self.clock(),
+            payload,
+        )
+        self.events.append(event)
+        for observer in list(self._observers):
+            try:
+                observer(event)
+            except Exception:  # an observer's bug must never stop the agent
+                logger.exception(
+                    "observer %r raised on %s; detached for the rest of the run", observer, event.type
+                )
+                self._observers.remove(observer)
+
+    def chunk(self, kind: ChunkType, content: str, node_id: str | None = None) -> None:
+        chunk = Chunk(kind, content, node_id)
+        self.chunks.append(chunk)
+        if self._on_chunk is not None:
+            self._on_chunk(chunk)
+
+    def store(self, node: Node) -> Node:
+        self.nodes[node.id] = node
+        return node
+
+    def stats(self) -> RunStats:
+        kinds = [n.kind for n in self.nodes.values()]
+        return RunStats(
+            nodes=len(kinds),
+            think_nodes=kinds.count(NodeKind.THINK),
+            tool_nodes=kinds.count(NodeKind.TOOL),
+            collapse_nodes=kinds.count(NodeKind.COLLAPSE),
+            max_depth=max((n.depth for n in self.nodes.values()), default=0),
+            loops_detected=len(self.pruned),
+            pruned=sum(1 for p in self.pruned if not p.shadow),
+            retries=self.retries,
+            compressions=self.compressions,
+            input_tokens=self.usage.input_tokens,
+            output_tokens=self.usage.output_tokens,
+        )
+
+    # -- budgets -------------------------------------------------------------
+
+    def _budget_left(self, tree: SubTree, wanted: int, at: Node | None, skill_stack: tuple[str, ...]) -> bool:
+        used = len(self.nodes)
+        if used + wanted <= self.config.node_budget:
+            return True
+        self._exhausted(tree, BudgetExhausted("node", self.config.node_budget, used), at, skill_stack)
+        return False
+
+    def _exhausted(
+        self, tree: SubTree, payload: BudgetExhausted, at: Node | None, skill_stack: tuple[str, ...]
+    ) -> None:
+        self.emit(payload, at, skill_stack=skill_stack)
+        what = "node budget" if payload.budget == "node" else "depth limit"
+        self.chunk(ChunkType.BUDGET_EXHAUSTED, f"[tree] {what} of {payload.limit} reached — branch stopped")
+        tree.ends.append(BranchEnd(at.id if at else "", "budget"))
+
+    # -- think ---------------------------------------------------------------
+
+    async def think(self, branch: Branch) -> None:
+        """Run one ThinkNode and, through its children, the rest of its branch."""
+        tree = branch.tree
+        parent = self.nodes.get(branch.parent_id) if branch.parent_id else None
+        if branch.depth >= tree.config.depth_limit:
+            self._exhausted(
+                tree,
+                BudgetExhausted("depth", tree.config.depth_limit, branch.depth),
+                parent,
+                tree.skill_stack,
+            )
+            return
+        if not self._budget_left(tree, 1, parent, tree.skill_stack):
+            return
+        node = ThinkNode(
+            id=self.new_node_id(),
+            parent_id=branch.parent_id,
+            depth=branch.depth,
+            status=NodeStatus.RUNNING,
+            skill_stack=tree.skill_stack,
+            started_ns=self.clock(),
+            model=self.model.model_name,
+        )
+        self.store(node)
+        self.emit(ThinkStart(self.model.model_name, len(branch.messages)), node)
+        request = ModelRequest(branch.messages, tree.specs(), node.id, node.depth, "think", tree.skill_stack)
+        try:
+            turn = assemble(await self._stream_model(request, node))
+        except ModelError as exc:
+            failed = node.with_(
+                status=NodeStatus.FAILED, error=str(exc), ended_ns=self.clock(), ended_by="error"
+            )
+            self.store(failed)
+            self.emit(ThinkComplete("", 0, 0, None, "error", str(exc)), failed)
+            self.chunk(ChunkType.ERROR, f"[tree] model error: {exc}", node.id)
+            tree.ends.append(BranchEnd(node.id, "error"))
+            return
+        if turn.usage is not None:
+            self.usage = self.usage + turn.usage
+        node = node.with_(text=turn.text, usage=turn.usage, requested_calls=len(turn.tool_calls))
+        self.store(node)
+
+        finish = next((c for c in turn.tool_calls if c.name == TASK_COMPLETE), None)
+        if finish is not None or not turn.tool_calls:
+            answer, summary = _final_answer(finish, turn.text)
+            self._complete_think(node, "answer", len(turn.tool_calls), 0, answer=answer)
+            self.emit(TaskComplete(answer, summary), node)
+            self.chunk(ChunkType.TASK_COMPLETE, answer, node.id)
+            tree.ends.append(BranchEnd(node.id, "answer", answer, summary))
+            return
+
+        accepted, caught, call_order = self._loop_check(tree, branch.path, node, turn.tool_calls)
+        checked = self.nodes[node.id]
+        assert isinstance(checked, ThinkNode)
+        node = checked
+        answered = [c for c in caught if c.pruned.action != "prune"]
+        if not accepted and not answered:
+            self._complete_think(node, "prune", len(turn.tool_calls), 0)
+            tree.ends.append(BranchEnd(node.id, "prune"))
+            return
+        if not self._budget_left(tree, len(accepted), node, tree.skill_stack):
+            self._complete_think(node, "budget", len(turn.tool_calls), len(accepted))
+            return
+        self._complete_think(node, "children", len(turn.tool_calls), len(accepted))
+        await asyncio.gather(*(self._run_tool(tree, node, a) for a in accepted))
+        answers = self._answer_caught(node.id, caught)
+        order = {call_id: i for i, call_id in enumerate(call_order)}
+        await self._continue(branch, node, text=turn.text, accepted=accepted, answers=answers, order=order)
+
+    async def _stream_model(self, request: ModelRequest, node: Node) -> list[ModelDelta]:
+        deltas: list[ModelDelta] = []
+        async for delta in self.model.stream(request):
+            deltas.append(delta)
+            if isinstance(delta, TextDelta) and delta.text and request.purpose == "think":
+                self.emit(ThinkToken(delta.text), node)
+                self.chunk(ChunkType.TEXT, delta.text, node.id)
+        return deltas
+
+    def _complete_think(
+        self,
+        node: ThinkNode,
+        ended_by: Literal["answer", "prune", "budget", "children"],
+        requested: int,
+        accepted: int,
+        answer: str | None = None,
+    ) -> None:
+        done = node.with_(
+            status=NodeStatus.COMPLETED, ended_ns=self.clock(), ended_by=ended_by, answer=answer
+        )
+        self.store(done)
+        self.emit(ThinkComplete(node.text, requested, accepted, node.usage, ended_by), done)
+
+    # -- the loop check --------------------------------------------------------
+
+    def _loop_check(
+        self, tree: SubTree, path: PathSignatures, node: ThinkNode, calls: Sequence[ToolCall]
+    ) -> tuple[list[_Accepted], list[_Caught], list[str]]:
+        """Check each call against the path and the calls accepted before it in this turn.
+
+        Returns the accepted calls, the caught ones (not run) and every call id in turn order.
+        """
+        accepted: list[_Accepted] = []
+        caught: list[_Caught] = []
+        turn_path = path
+        seen_ids: set[str] = set()
+        call_order: list[str] = []
+        shadow = tree.config.shadow
+        for call in calls:
+            call_id = call.id if call.id and call.id not in seen_ids else self.new_call_id()
+            seen_ids.add(call_id)
+            call_order.append(call_id)
+            raw = arguments_text(call.arguments)
+            value = parse_arguments(
+                call.arguments if isinstance(call.arguments, str) else dict(call.arguments)
+            )
+            key = _key(call.name, value)
+            decision = tree.detector.check_key(turn_path, key, tree.max_repeats(call.name))
+            if decision.caught:
+                action = tree.on_repeat(call.name)
+                pruned = PrunedCall(
+                    tool=call.name,
+                    call_id=call_id,
+                    raw_arguments=raw,
+                    arguments=value,
+                    signature=decision.signature,
+                    count=decision.count,
+                    limit=decision.limit,
+                    limit_source=decision.limit_source,
+                    action=action,
+                    shadow=shadow,
+                    earlier_node_ids=tuple(i for i in decision.earlier_node_ids if i is not None),
+                )
+                self._record_catch(node, pruned)
+                if not shadow:
+                    caught.append(_Caught(pruned, key))
+                    continue
+            node_id = self.new_node_id()
+            turn_path = turn_path.extend(key, node_id)
+            accepted.append(
+                _Accepted(call_id, node_id, call.name, raw, value, key, decision, decision.caught)
+            )
+        return accepted, caught, call_order
+
+    def _record_catch(self, node: ThinkNode, pruned: PrunedCall) -> None:
+        self.pruned.append(pruned)
+        current = self.nodes[node.id]
+        assert isinstance(current, ThinkNode)
+        self.store(current.with_(pruned=(*current.pruned, pruned)))
+        self.emit(LoopDetected(pruned), current)
+        if not pruned.shadow:
+            self.chunk(
+                ChunkType.LOOP_DETECTED,
+                loop_message(pruned.tool, pruned.raw_arguments, pruned.action),
+                node.id,
+            )
+
+    def _answer_caught(self, think_id: str, caught: list[_Caught]) -> list[PrunedCall]:
+        """The nudge and cache answers, once this turn's tools have run."""
+        answers: list[PrunedCall] = []
+        for item in caught:
+            p = item.pruned
+            if p.action == "prune":
+                continue
+            earlier = self.nodes.get(p.earlier_node_ids[-1]) if p.earlier_node_ids else None
+            earlier_result = (
+                earlier.result if isinstance(earlier, ToolNode) and earlier.result is not None else ""
+            )
+            if p.action == "cache":
+                text = earlier_result
+            else:
+                times = "once" if p.count == 1 else f"{p.count} times"
+                text = (
+                    f"[treellm] {p.tool} was already called {times} on this path with these exact "
+                    f"arguments, so it was not run again (limit {p.limit}). Earlier result:\n{earlier_result}"
+                )
+            answered = dataclasses.replace(p, answer=text)
+            self.pruned[self.pruned.index(p)] = answered
+            think = self.nodes[think_id]
+            assert isinstance(think, ThinkNode)
+            self.store(think.with_(pruned=tuple(answered if q is p else q for q in think.pruned)))
+            answers.append(answered)
+        return answers
+
+    # -- tools -----------------------------------------------------------------
+
+    async def _run_tool(self, tree: SubTree, think: ThinkNode, call: _Accepted) -> None:
+        node = ToolNode(
+            id=call.node_id,
+            parent_id=think.id,
+            depth=think.depth,
+            status=NodeStatus.RUNNING,
+            skill_stack=think.skill_stack,
+            started_ns=self.clock(),
+            tool_name=call.name,
+            call_id=call.call_id,
+            args=call.value,
+            raw_args=call.raw,
+            signature=call.decision.signature,
+            ordinal=call.decision.ordinal,
+            limit=call.decision.limit,
+            limit_source=call.decision.limit_source,
+            shadow_caught=call.shadow_caught,
+        )
+        self.store(node)
+        d = call.decision
+        self.emit(
+            ToolStart(
+                call.name,
+                call.call_id,
+                call.value,
+                call.raw,
+                d.signature,
+                d.ordinal,
+                d.limit,
+                d.limit_source,
+                call.shadow_caught,
+            ),
+            node,
+        )
+        self.chunk(ChunkType.TOOL_CALL, f"{call.name}({call.raw})", node.id)
+        ok, text, attempts = await self._execute(tree, node, call)
+        ended = self.clock()
+        digest = result_hash(text)
+        node = node.with_(
+            status=NodeStatus.COMPLETED if ok else NodeStatus.FAILED,
+            ended_ns=ended,
+            result=text,
+            result_hash=digest,
+            attempts=attempts,
+            error=None if ok else text,
+        )
+        self.store(node)
+        call.node = node
+        duration = ended - (node.started_ns or ended)
+        if ok:
+            self.emit(ToolComplete(call.name, text, digest, attempts, duration), node)
+            self.chunk(ChunkType.TOOL_RESULT, text, node.id)
+        else:
+            self.emit(ToolError(call.name, text, text, digest, attempts, duration), node)
+            self.chunk(ChunkType.TOOL_ERROR, text, node.id)
+
+    async def _execute(self, tree: SubTree, node: ToolNode, call: _Accepted) -> tuple[bool, str, int]:
+        """Run a call (with retries); returns (succeeded, result text, attempts)."""
+        if isinstance(call.value, RawArguments):
+            return False, _malformed_message(call.name, call.raw), 0
+        if call.name in tree.skills:
+            return await self._run_skill(tree, tree.skills[call.name], node, call.value)
+        tool = tree.tools.get(call.name)
+        if tool is None or tool.handler is None:
+            names = ", ".join(sorted([*tree.tools, *tree.skills, TASK_COMPLETE]))
+            return False, f"Error: unknown tool {call.name!r}. Available tools: {names}.", 0
+        if not isinstance(call.value, dict):
+            kind = type(call.value).__name__ if call.value is not None else "null"
+            return False, f"Error: the arguments of {call.name} must be a JSON object, got {kind}.", 0
+        attempts = 0
+        max_attempts = tree.config.retry_max_attempts
+        while True:
+            attempts += 1
+            try:
+                async with self._tool_slots:
+                    value = await _call_handler(tool, call.value)
+                return True, result_text(value), attempts
+            except Exception as exc:  # noqa: BLE001 -- a tool's fault is data: retried, then sent to the model
+                error = f"{type(exc).__name__}: {exc}"
+                if attempts >= max_attempts:
+                    return False, f"Error: {call.name} failed after {attempts} attempt(s): {error}", attempts
+                delay = tree.config.retry_base_delay_s * 2 ** (attempts - 1)
+                self.retries += 1
+                self.emit(ToolRetry(call.name, attempts, error, delay), node)
+                await self.sleep(delay)
+
+    async def _run_skill(
+        self, tree: SubTree, skill: Skill, node: ToolNode, arguments: Any
+    ) -> tuple[bool, str, int]:
+        task = arguments.get("task") if isinstance(arguments, dict) else None
+        if not isinstance(task, str) or not task:
+            return False, f"Error: {skill.tool_name} needs a non-empty 'task' string argument.", 0
+        sub = SubTree.build(
+            skill.config or tree.config,
+            skill.tools if skill.tools is not None else list(tree.tools.values()),
+            [s for s in tree.skills.values() if s.name not in (*tree.skill_stack, skill.name)],
+            skill.system_prompt,
+            (*tree.skill_stack, skill.name),
+        )
+        self.emit(SkillStart(skill.name, task), node)
+        self.chunk(ChunkType.SKILL, f"[tree] skill {skill.name}: {task}", node.id)
+        messages = ({"role": "system", "content": sub.system_prompt}, {"role": "user", "content": task})
+        await self.think(Branch(sub, messages, PathSignatures.empty(), 0, node.id))
+        outcome = tree_outcome(sub.ends)
+        answer = next((e.answer for e in sub.ends if e.reason == "answer"), None)
+        self.emit(SkillComplete(skill.name, answer, outcome), node)
+        if answer is None:
+            return False, f"Error: skill {skill.name} ended without an answer ({outcome}).", 1
+        return True, answer, 1
+
+    # -- continuing the branch -----------------------------------------------------
+
+    async def _continue(
+        self,
+        branch: Branch,
+        think: ThinkNode,
+        *,
+        text: str,
+        accepted: list[_Accepted],
+        answers: list[PrunedCall],
+        order: Mapping[str, int],
+    ) -> None:
+        tree = branch.tree
+        if tree.config.branching == "fork" and accepted:
+            children = []
+            for call in accepted:
+                assert call.node is not None
+                messages = (*branch.messages, *_turn_messages(text, [call.node], answers, order))
+                path = branch.path.extend(call.key, call.node_id, mutates=self._mutated(tree, call))
+                children.append(Branch(tree, messages, path, branch.depth + 1, call.node_id))
+            await asyncio.gather(*(self.think(child) for child in children))
+            return
+        tool_nodes = [c.node for c in accepted if c.node is not None]
+        path = branch.path
+        for call in accepted:
+            path = path.extend(call.key, call.node_id, mutates=self._mutated(tree, call))
+        turn = _turn_messages(text, tool_nodes, answers, order)
+        if tree.config.branching == "fork":  # only nudge/cache answers: one continuation
+            child = Branch(tree, (*branch.messages, *turn), path, branch.depth + 1, think.id)
+            await self.think(child)
+            return
+        collapse_id = await self._collapse(branch, think, tool_nodes, turn)
+        if collapse_id is None:
+            return
+        collapse = self.nodes[collapse_id]
+        assert isinstance(collapse, CollapseNode)
+        messages = (
+            (*branch.messages, *turn)
+            if not collapse.compressed
+            else self._compressed_context(branch, collapse)
+        )
+        await self.think(Branch(tree, messages, path, branch.depth + 1, collapse_id))
+
+    def _mutated(self, tree: SubTree, call: _Accepted) -> bool:
+        return tree.mutates(call.name) and call.node is not None and call.node.status == NodeStatus.COMPLETED
+
+    async def _collapse(
+        self, branch: Branch, think: ThinkNode, tool_nodes: list[ToolNode], turn: list[Message]
+    ) -> str | None:
+        tree = branch.tree
+        if not self._budget_left(tree, 1, think, tree.skill_stack):
+            return None
+        names = {c["id"]: c["function"]["name"] for c in turn[0]["tool_calls"]}
+        results = [(names.get(m["tool_call_id"], "tool"), str(m.get("content") or "")) for m in turn[1:]]
+        size_before = sum(len(content) for _, content in results)
+        merged = tuple(n.id for n in tool_nodes)
+        node = CollapseNode(
+            id=self.new_node_id(),
+            parent_id=think.id,
+            depth=think.depth,
+            status=NodeStatus.RUNNING,
+            skill_stack=think.skill_stack,
+            started_ns=self.clock(),
+            merged=merged,
+            size_before=size_before,
+            size_after=size_before,
+        )
+        self.store(node)
+        self.emit(CollapseStart(merged, size_before), node)
+        usage: Usage | None = None
+        if size_before > tree.config.collapse_threshold:
+            digest = "\n\n".join(f"[{name}] {content}" for name, content in results)
+            request = ModelRequest(
+                (
+                    {"role": "system", "content": COLLAPSE_PROMPT},
+                    {
+                        "role": "user",
+                        "content": f"Task: {_task_of(branch.messages)}\n\nTool results:\n{digest}",
+                    },
+                ),
+                (),
+                node.id,
+                node.depth,
+                "collapse",
+                tree.skill_stack,
+            )
+            try:
+                summary = assemble(await self._stream_model(request, node))
+            except ModelError as exc:
+                failed = node.with_(status=NodeStatus.FAILED, error=str(exc), ended_ns=self.clock())
+                self.store(failed)
+                self.emit(CollapseComplete(merged, False, size_before, size_before), failed)
+                self.chunk(ChunkType.ERROR, f"[tree] collapse failed: {exc}", node.id)
+                tree.ends.append(BranchEnd(node.id, "error"))
+                return None
+            usage = summary.usage
+            if usage is not None:
+                self.usage = self.usage + usage
+            self.compressions += 1
+            node = node.with_(compressed=True, size_after=len(summary.text), summary=summary.text)
+        done = node.with_(status=NodeStatus.COMPLETED, ended_ns=self.clock())
+        self.store(done)
+        self.emit(CollapseComplete(merged, done.compressed, size_before, done.size_after, usage), done)
+        note = f"compressed {size_before} -> {done.size_after} chars" if done.compressed else "merged"
+        self.chunk(ChunkType.COLLAPSE, f"[tree] collapse of {len(merged)} result(s): {note}", node.id)
+        return node.id
+
+    def _compressed_context(self, branch: Branch, collapse: CollapseNode) -> tuple[Message, ...]:
+        """System and user messages kept; everything after them replaced by the summary."""
+        head = tuple(m for m in branch.messages[:2] if m.get("role") in ("system", "user"))
+        return (*head, {"role": "assistant", "content": f"Summary of the work so far:\n{collapse.summary}"})
+
+
+# -- pure helpers ---------------------------------------------------------------------
+
+
+def _key(tool: str, value: Any) -> CallKey:
+    if isinstance(value, RawArguments):
+        return CallKey(tool, value.text, raw=True)
+    return CallKey(tool, canonical_json(value), raw=False)
+
+
+def _task_of(messages: Sequence[Message]) -> str:
+    return next((str(m.get("content")) for m in messages if m.get("role") == "user"), "")
+
+
+def _final_answer(finish: ToolCall | None, text: str) -> tuple[str, str | None]:
+    if finish is None:
+        return text, None
+    value = parse_arguments(finish.arguments if isinstance(finish.arguments, str) else dict(finish.arguments))
+    if isinstance(value, dict):
+        result, summary = value.get("result"), value.get("summary")
+        answer = result if isinstance(result, str) else result_text(result) if result is not None else text
+        return answer, summary if isinstance(summary, str) else None
+    if isinstance(value, RawArguments):
+        return value.text, None
+    return result_text(value), None
+
+
+def _malformed_message(tool: str, raw: str) -> str:
+    try:
+        json.loads(raw)
+        problem = "it is not valid JSON"
+    except json.JSONDecodeError as exc:
+        problem = f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+    except ValueError as exc:
+        problem = str(exc)
+    shown = raw if len(raw) <= 200 else raw[:200] + "..."
+    return f"Error: the arguments of {tool} are not valid JSON ({problem}): {shown}. Send a JSON object."
+
+
+async def _call_handler(tool: Tool, arguments: dict[str, Any]) -> Any:
+    handler = tool.handler
+    assert handler is not None
+    if inspect.iscoroutinefunction(handler):
+        return await handler(arguments)
+    value = await asyncio.to_thread(handler, arguments)
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+def _turn_messages(
+    text: str, tool_nodes: Sequence[ToolNode], answers: Sequence[PrunedCall], order: Mapping[str, int]
+) -> list[Message]:
+    """The assistant message of a turn and one tool message per call it keeps, in turn order.
+
+    Calls pruned with action ``prune`` are removed from the assistant message;
+    nudge and cache calls stay, answered by their answer.
+    """
+    calls: list[tuple[str, str, str, str]] = [
+        (n.call_id, n.tool_name, n.raw_args, n.result or "") for n in tool_nodes
+    ] + [(p.call_id, p.tool, p.raw_arguments, p.answer or "") for p in answers]
+    calls.sort(key=lambda c: order.get(c[0], len(order)))
+    assistant: Message = {
+        "role": "assistant",
+        "content": text or None,
+        "tool_calls": [
+            {"id": cid, "type": "function", "function": {"name": name, "arguments": raw}}
+            for cid, name, raw, _ in calls
+        ],
+    }
+    tools: list[Message] = [
+        {"role": "tool", "tool_call_id": cid, "content": result} for cid, _, _, result in calls
+    ]
+    return [assistant, *tools]

@@ -1,0 +1,147 @@
+"""Tools and skills as declared by users, and the built-in ``task_complete``.
+
+A :class:`Tool` handler receives the parsed arguments as one dict, may be sync
+(run in a worker thread so it never blocks the run's event loop) or async, and
+returns text or anything JSON-able. A handler that raises is the tool's fault:
+the executor retries it and finally sends the error back to the model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from treellm.config import RepeatAction, TreeConfig
+from treellm.errors import ToolDefinitionError
+from treellm.models.base import ToolSpec
+
+__all__ = [
+    "SKILL_PREFIX",
+    "TASK_COMPLETE",
+    "TASK_COMPLETE_SPEC",
+    "Handler",
+    "Skill",
+    "Tool",
+    "result_hash",
+    "result_text",
+]
+
+Handler = Callable[[dict[str, Any]], Any | Awaitable[Any]]
+
+TASK_COMPLETE = "task_complete"
+SKILL_PREFIX = "skill_"
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_OBJECT_SCHEMA: Mapping[str, Any] = {"type": "object", "properties": {}}
+
+TASK_COMPLETE_SPEC = ToolSpec(
+    TASK_COMPLETE,
+    "Finish this branch of the task: give the final result (and optionally a short summary).",
+    {
+        "type": "object",
+        "properties": {
+            "result": {"type": "string", "description": "the final answer"},
+            "summary": {"type": "string", "description": "how it was reached, briefly"},
+        },
+        "required": ["result"],
+    },
+)
+
+
+def _check_name(name: object, what: str) -> None:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ToolDefinitionError(
+            f"{what} name: expected 1-64 letters, digits, '_', '.' or '-', got {name!r}", tool=str(name)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A tool the model may call.
+
+    ``max_repeats`` overrides the default limit for this tool (a limits file
+    overrides both); ``on_repeat`` says what to do with a caught call
+    (``prune``, ``nudge`` or ``cache``); ``mutates`` says a successful call
+    changes state, so the other tools' repeat counts restart after it.
+    """
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any] = field(default_factory=lambda: dict(_OBJECT_SCHEMA))
+    handler: Handler | None = None
+    max_repeats: int | None = None
+    on_repeat: RepeatAction = "prune"
+    mutates: bool = False
+
+    def __post_init__(self) -> None:
+        _check_name(self.name, "tool")
+        if self.name == TASK_COMPLETE or self.name.startswith(SKILL_PREFIX):
+            raise ToolDefinitionError(f"tool name {self.name!r} is reserved", tool=self.name)
+        if self.handler is None or not callable(self.handler):
+            raise ToolDefinitionError(f"tool {self.name!r}: expected a callable handler", tool=self.name)
+        limit = self.max_repeats
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise ToolDefinitionError(
+                f"tool {self.name!r}: max_repeats: expected an integer >= 0, got {limit!r}", tool=self.name
+            )
+        if self.on_repeat not in ("prune", "nudge", "cache"):
+            raise ToolDefinitionError(
+                f"tool {self.name!r}: on_repeat: expected prune, nudge or cache, got {self.on_repeat!r}",
+                tool=self.name,
+            )
+
+    @property
+    def spec(self) -> ToolSpec:
+        return ToolSpec(self.name, self.description, self.parameters)
+
+
+@dataclass(frozen=True, slots=True)
+class Skill:
+    """A sub-agent offered to the model as the tool ``skill_<name>``.
+
+    A call runs a sub-tree with its own empty path, depth from 0, its own
+    system prompt, and ``tools`` (default: the caller's) and ``config``
+    (default: the caller's); its answer is the tool result.
+    """
+
+    name: str
+    description: str
+    system_prompt: str
+    tools: Sequence[Tool] | None = None
+    config: TreeConfig | None = None
+
+    def __post_init__(self) -> None:
+        _check_name(self.name, "skill")
+
+    @property
+    def tool_name(self) -> str:
+        return SKILL_PREFIX + self.name
+
+    @property
+    def spec(self) -> ToolSpec:
+        return ToolSpec(
+            self.tool_name,
+            self.description,
+            {
+                "type": "object",
+                "properties": {"task": {"type": "string", "description": "what the skill should do"}},
+                "required": ["task"],
+            },
+        )
+
+
+def result_text(value: object) -> str:
+    """A handler's return value as the text the model sees."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def result_hash(text: str) -> str:
+    """A stable 64-bit hash of a result text (hex), recorded even when content is not."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()

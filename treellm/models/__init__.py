@@ -1,0 +1,1 @@
+"""Chat models: the ``ChatModel`` protocol, ``ScriptedModel`` and the OpenAI-compatible client."""

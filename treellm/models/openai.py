@@ -1,0 +1,219 @@
+"""``OpenAICompatibleModel``: a :class:`~treellm.models.base.ChatModel` over the Chat Completions API.
+
+It drives OpenAI, Gemini's OpenAI endpoint, Ollama, vLLM and any server that
+speaks ``POST {base_url}/chat/completions`` with ``stream: true``, through the
+official ``openai`` SDK (``AsyncOpenAI``); it never parses HTTP or SSE itself.
+
+Contract (see :mod:`treellm.models.base` for the seam):
+
+- The executor's ThinkNode (and CollapseNode) step calls ``stream(request)`` on
+  the run's event loop and iterates it; nothing blocks the loop. Each call opens
+  its own SDK client and closes it when the stream ends, fails or is closed
+  early, so one instance is safe to share between concurrent streams and
+  between event loops (``asyncio.run`` per test, per CLI command).
+- Deltas come as the server sends them: ``TextDelta`` per content piece,
+  ``ToolCallDelta`` per tool-call fragment (``index`` is ``None`` when the server
+  sends whole calls without one), ``UsageDelta`` when a chunk carries usage
+  (asked for with ``stream_options.include_usage``). Chunks with no choices
+  (the usage chunk) are handled.
+- 408, 409, 429, 5xx, timeouts and connection failures are retried by the SDK
+  (``max_retries``, exponential backoff with jitter, honouring ``retry-after-ms``
+  and ``Retry-After``). ``timeout`` bounds each connect, read and write, not the
+  whole stream: a server that keeps sending is never cut off.
+- When no turn can be had it raises :class:`~treellm.errors.ModelError` naming the
+  base URL, the model, the HTTP status and the server's own message, always
+  ``from`` the SDK's exception: ``status`` is the HTTP status (``None`` for
+  timeouts, connection failures and errors sent inside the stream) and
+  ``retryable`` is true for 408, 409, 429, 5xx, timeouts and connection failures.
+  Deltas already yielded stay yielded: the error may come mid-turn.
+- A server that rejects ``stream_options`` with a 400 naming it (some
+  OpenAI-compatible servers do) is asked once more without it; the instance
+  remembers that and stops sending it. Such a server reports no usage.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, cast
+
+import openai
+from openai.types.chat import (
+    ChatCompletionChunk,
+    ChatCompletionMessageParam,
+    ChatCompletionToolUnionParam,
+)
+
+from treellm.errors import ModelError
+from treellm.models.base import (
+    ModelDelta,
+    ModelRequest,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+    UsageDelta,
+)
+
+__all__ = ["OpenAICompatibleModel"]
+
+logger = logging.getLogger(__name__)
+
+_NO_API_KEY = "not-needed"
+_RETRYABLE_STATUSES = frozenset({408, 409, 429})
+
+
+class OpenAICompatibleModel:
+    """A chat model behind an OpenAI-compatible Chat Completions endpoint.
+
+    ``base_url`` includes the API prefix (``https://api.openai.com/v1``,
+    ``http://localhost:11434/v1``). ``api_key=None`` sends a placeholder key, as
+    local servers need none. ``extra_body`` is merged into every request body
+    (server-specific options such as vLLM's ``top_k``).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        *,
+        timeout: float = 60.0,
+        max_retries: int = 3,
+        temperature: float | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._base_url = base_url
+        self._model = model
+        self._api_key = api_key if api_key is not None else _NO_API_KEY
+        self._timeout = timeout
+        self._max_retries = max_retries
+        self._temperature = temperature
+        self._extra_body = dict(extra_body) if extra_body else None
+        self._send_stream_options = True
+
+    @property
+    def model_name(self) -> str:
+        return self._model
+
+    def __repr__(self) -> str:
+        return f"OpenAICompatibleModel(base_url={self._base_url!r}, model={self._model!r})"
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelDelta]:
+        async with self._client() as client:
+            chunks = await self._open(client, request)
+            async with chunks:
+                try:
+                    async for chunk in chunks:
+                        for delta in chunk_deltas(chunk):
+                            yield delta
+                except openai.OpenAIError as exc:
+                    raise self._model_error(exc) from exc
+                except json.JSONDecodeError as exc:
+                    raise ModelError(
+                        f"{self._where()}: the server sent a malformed stream chunk: {exc}"
+                    ) from exc
+
+    def _client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(
+            base_url=self._base_url,
+            api_key=self._api_key,
+            timeout=self._timeout,
+            max_retries=self._max_retries,
+        )
+
+    async def _open(
+        self, client: openai.AsyncOpenAI, request: ModelRequest
+    ) -> openai.AsyncStream[ChatCompletionChunk]:
+        try:
+            try:
+                return await self._create(client, request)
+            except openai.BadRequestError as exc:
+                if not (self._send_stream_options and _rejects_stream_options(exc)):
+                    raise
+                self._send_stream_options = False
+                logger.info("%s rejected stream_options; asking again without it", self._where())
+                return await self._create(client, request)
+        except openai.OpenAIError as exc:
+            raise self._model_error(exc) from exc
+
+    async def _create(
+        self, client: openai.AsyncOpenAI, request: ModelRequest
+    ) -> openai.AsyncStream[ChatCompletionChunk]:
+        tools = [tool.to_openai() for tool in request.tools]
+        return await client.chat.completions.create(
+            model=self._model,
+            messages=cast("list[ChatCompletionMessageParam]", list(request.messages)),
+            tools=cast("list[ChatCompletionToolUnionParam]", tools) if tools else openai.omit,
+            stream=True,
+            stream_options={"include_usage": True} if self._send_stream_options else openai.omit,
+            temperature=self._temperature if self._temperature is not None else openai.omit,
+            extra_body=self._extra_body,
+        )
+
+    def _where(self) -> str:
+        return f"model {self._model!r} at {self._base_url}"
+
+    def _model_error(self, exc: openai.OpenAIError) -> ModelError:
+        return model_error(exc, where=self._where(), timeout=self._timeout, max_retries=self._max_retries)
+
+
+def chunk_deltas(chunk: ChatCompletionChunk) -> list[ModelDelta]:
+    """The deltas one streamed chunk carries: text, tool-call fragments, then usage."""
+    deltas: list[ModelDelta] = []
+    if chunk.choices:
+        delta = chunk.choices[0].delta
+        if delta.content:
+            deltas.append(TextDelta(delta.content))
+        for call in delta.tool_calls or ():
+            # Servers that send whole calls omit ``index`` although the schema requires it.
+            index: int | None = getattr(call, "index", None)
+            function = call.function
+            deltas.append(
+                ToolCallDelta(
+                    index=index,
+                    id=call.id or None,
+                    name=(function.name or None) if function is not None else None,
+                    arguments=(function.arguments or "") if function is not None else "",
+                )
+            )
+    if chunk.usage is not None:
+        usage = Usage(chunk.usage.prompt_tokens or 0, chunk.usage.completion_tokens or 0)
+        deltas.append(UsageDelta(usage))
+    return deltas
+
+
+def model_error(exc: openai.OpenAIError, *, where: str, timeout: float, max_retries: int) -> ModelError:
+    """Translate an SDK error into a :class:`ModelError` (the caller raises it ``from exc``)."""
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        retryable = status in _RETRYABLE_STATUSES or status >= 500
+        spent = f" (still failing after {max_retries} retries)" if retryable and max_retries else ""
+        return ModelError(
+            f"{where}: HTTP {status}: {_server_message(exc)}{spent}", status=status, retryable=retryable
+        )
+    if isinstance(exc, openai.APITimeoutError):
+        return ModelError(f"{where}: timed out after {timeout:g}s", retryable=True)
+    if isinstance(exc, openai.APIConnectionError):
+        cause = exc.__cause__
+        detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
+        return ModelError(f"{where}: connection failed{detail}", retryable=True)
+    if isinstance(exc, openai.APIError):
+        return ModelError(f"{where}: the server reported an error: {_server_message(exc)}")
+    return ModelError(f"{where}: {type(exc).__name__}: {exc}")
+
+
+def _server_message(exc: openai.APIError) -> str:
+    """The server's own error message (``{"error": {"message": ...}}``), else the SDK's."""
+    body = exc.body
+    if isinstance(body, Mapping):
+        message = body.get("message")
+        if isinstance(message, str) and message:
+            return message
+    elif isinstance(body, str) and body:
+        return body
+    return exc.message
+
+
+def _rejects_stream_options(exc: openai.BadRequestError) -> bool:
+    return "stream_options" in _server_message(exc).lower()
