@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $@
 
 demo: $(STAMP)
-	$(BIN)/treellm sign search '{"query": "loop detection", "limit": 10}'
+	$(BIN)/treellm demo --no-dashboard
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -190,6 +190,7 @@ def test_a_persistent_500_gives_a_retryable_model_error_after_max_retries() -> N
     assert error.status == 500
     assert error.retryable is True
     assert "HTTP 500" in str(error) and "The server had an error" in str(error)
+    assert "gave up after 2 retries" in str(error)
     assert base_url in str(error) and "gpt-test" in str(error)
     assert isinstance(error.__cause__, openai.InternalServerError)
 
@@ -202,6 +203,7 @@ def test_a_401_names_the_status_and_the_server_message_and_is_not_retried() -> N
     assert error.status == 401
     assert error.retryable is False
     assert "HTTP 401" in str(error) and message in str(error)
+    assert "retries" not in str(error)
     assert isinstance(error.__cause__, openai.AuthenticationError)
 
 
@@ -273,8 +275,9 @@ def test_an_error_event_inside_the_stream_becomes_a_model_error_after_the_text_s
             got.append(delta)
 
     with OpenAIServer([StreamErrorReply("The model overloaded mid-answer", text="partial")]) as server:
+        model = OpenAICompatibleModel(server.base_url, "gpt-test")
         with pytest.raises(ModelError, match="The model overloaded mid-answer") as caught:
-            asyncio.run(run(OpenAICompatibleModel(server.base_url, "gpt-test")))
+            asyncio.run(run(model))
     assert assemble(got).text == "partial"
     assert caught.value.status is None
     assert isinstance(caught.value.__cause__, openai.APIError)

@@ -34,6 +34,8 @@ PUBLIC = {
         "TreeConfig",
         "TreeExecutor",
         "Usage",
+        "GuardDecision",
+        "LoopGuard",
         "CallKey",
         "ConfigError",
         "LoopDecision",

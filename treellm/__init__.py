@@ -12,6 +12,7 @@ from treellm.engine.executor import BranchAnswer, RunResult
 from treellm.engine.nodes import CollapseNode, NodeKind, NodeStatus, PrunedCall, ThinkNode, ToolNode
 from treellm.engine.tools import Skill, Tool
 from treellm.errors import ConfigError, ModelError, ScriptExhaustedError, ToolDefinitionError, TreeLLMError
+from treellm.guard import GuardDecision, LoopGuard
 from treellm.loop import CallKey, LoopDecision, LoopDetector, PathSignatures
 from treellm.models.base import ChatModel, ModelRequest, ModelTurn, ToolCall, Usage
 from treellm.models.scripted import ScriptedModel
@@ -26,6 +27,8 @@ __all__ = [
     "CollapseNode",
     "ConfigError",
     "Event",
+    "GuardDecision",
+    "LoopGuard",
     "EventType",
     "LoopDecision",
     "LoopDetector",

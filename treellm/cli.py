@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from treellm._version import __version__
-from treellm.errors import TreeLLMError
+from treellm.errors import ConfigError, TreeLLMError
 from treellm.signature import RawArguments, canonical_json, parse_arguments, signature
+
+
+def _console(stderr: bool = True) -> Any:
+    from rich.console import Console
+
+    return Console(stderr=stderr)
 
 
 def _cmd_sign(args: argparse.Namespace) -> int:
@@ -25,6 +33,55 @@ def _cmd_sign(args: argparse.Namespace) -> int:
         "valid_json": not isinstance(value, RawArguments),
     }
     print(json.dumps(out, ensure_ascii=False))
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from treellm.agent import TreeExecutor
+    from treellm.builtins import builtin_tools
+    from treellm.config import TreeConfig
+    from treellm.inspector import LiveLog, render_tree
+    from treellm.models.openai import OpenAICompatibleModel
+
+    base_url = args.base_url or os.environ.get("TREELLM_BASE_URL")
+    model_name = args.model or os.environ.get("TREELLM_MODEL")
+    if not base_url or not model_name:
+        raise ConfigError("treellm run needs --base-url and --model (or TREELLM_BASE_URL and TREELLM_MODEL)")
+    config = TreeConfig.from_file(args.limits) if args.limits else TreeConfig()
+    changes = {
+        k: v
+        for k, v in {
+            "branching": args.branching,
+            "node_budget": args.node_budget,
+            "shadow": args.shadow or None,
+        }.items()
+        if v is not None
+    }
+    config = config.replace(**changes)
+    api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    model = OpenAICompatibleModel(base_url, model_name, api_key, timeout=args.timeout)
+    console = _console()
+    executor = TreeExecutor(
+        model, builtin_tools(args.root), config, name=args.name, observers=[LiveLog(console)], telemetry=False
+    )
+    result = executor.run(args.task)
+    console.print(render_tree(result))
+    if result.answer is not None:
+        print(result.answer)
+    if result.outcome != "completed":
+        print(f"treellm: run ended {result.outcome}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from treellm.demo import run_demo
+    from treellm.inspector import LiveLog, render_tree
+
+    console = _console(stderr=False)
+    result = run_demo([LiveLog(console)])
+    console.print(render_tree(result))
+    console.print(f"answer: {result.answer}", markup=False)
     return 0
 
 
@@ -47,6 +104,53 @@ def build_parser() -> argparse.ArgumentParser:
     sign.add_argument("tool", help="tool name")
     sign.add_argument("arguments", help="the call's arguments as the model sent them (JSON text)")
     sign.set_defaults(func=_cmd_sign)
+
+    run = sub.add_parser(
+        "run",
+        help="run a real agent against an OpenAI-compatible endpoint with safe read-only tools",
+        description=(
+            "Run TASK with a model behind an OpenAI-compatible Chat Completions endpoint (OpenAI, Gemini, "
+            "Ollama, vLLM), with read-only tools under --root: read_file, list_dir, search_text, "
+            "current_time. The live log and the tree go to stderr, the answer to stdout."
+        ),
+        epilog=(
+            "example:\n  treellm run --base-url http://localhost:11434/v1 --model qwen2.5 --root . "
+            "'What does this project do?'"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("task", help="what the agent should do")
+    run.add_argument("--base-url", help="the endpoint, e.g. https://api.openai.com/v1 (env TREELLM_BASE_URL)")
+    run.add_argument("--model", help="the model name (env TREELLM_MODEL)")
+    run.add_argument(
+        "--api-key-env",
+        default="OPENAI_API_KEY",
+        help="environment variable holding the API key (default %(default)s)",
+    )
+    run.add_argument(
+        "--root", default=".", help="the folder the tools may read (default: the current folder)"
+    )
+    run.add_argument("--limits", help="a TOML limits file, as `treellm tune` writes it")
+    run.add_argument(
+        "--branching", choices=["collapse", "fork"], help="how the tree continues after tool calls"
+    )
+    run.add_argument("--node-budget", type=int, help="most nodes the run may create")
+    run.add_argument("--shadow", action="store_true", help="run every call; only report would-be loops")
+    run.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds per request read (default %(default)s)"
+    )
+    run.add_argument("--name", default="agent", help="the agent's name in traces (default %(default)s)")
+    run.set_defaults(func=_cmd_run)
+
+    demo = sub.add_parser(
+        "demo",
+        help="run the scripted demonstration and show its tree",
+        description="Run a scripted coding agent (no model, no network) and show its execution tree.",
+        epilog="example:\n  treellm demo --no-dashboard",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    demo.add_argument("--no-dashboard", action="store_true", help="print to the terminal only")
+    demo.set_defaults(func=_cmd_demo)
     return parser
 
 

@@ -10,7 +10,8 @@ Contract (see :mod:`treellm.models.base` for the seam):
   the run's event loop and iterates it; nothing blocks the loop. Each call opens
   its own SDK client and closes it when the stream ends, fails or is closed
   early, so one instance is safe to share between concurrent streams and
-  between event loops (``asyncio.run`` per test, per CLI command).
+  between event loops (``asyncio.run`` per test, per CLI command); the price is
+  a new connection per turn (some 20 ms of setup, small beside a model's turn).
 - Deltas come as the server sends them: ``TextDelta`` per content piece,
   ``ToolCallDelta`` per tool-call fragment (``index`` is ``None`` when the server
   sends whole calls without one), ``UsageDelta`` when a chunk carries usage
@@ -18,14 +19,17 @@ Contract (see :mod:`treellm.models.base` for the seam):
   (the usage chunk) are handled.
 - 408, 409, 429, 5xx, timeouts and connection failures are retried by the SDK
   (``max_retries``, exponential backoff with jitter, honouring ``retry-after-ms``
-  and ``Retry-After``). ``timeout`` bounds each connect, read and write, not the
-  whole stream: a server that keeps sending is never cut off.
+  and ``Retry-After`` up to two minutes; a longer one fails at once). ``timeout``
+  bounds each connect, read and write, not the whole stream: a server that keeps
+  sending is never cut off.
 - When no turn can be had it raises :class:`~treellm.errors.ModelError` naming the
   base URL, the model, the HTTP status and the server's own message, always
   ``from`` the SDK's exception: ``status`` is the HTTP status (``None`` for
   timeouts, connection failures and errors sent inside the stream) and
   ``retryable`` is true for 408, 409, 429, 5xx, timeouts and connection failures.
-  Deltas already yielded stay yielded: the error may come mid-turn.
+  Retries cover the request until the response starts: a stream that breaks
+  off mid-turn is not retried, the deltas already yielded stay yielded and the
+  error follows them.
 - A server that rejects ``stream_options`` with a 400 naming it (some
   OpenAI-compatible servers do) is asked once more without it; the instance
   remembers that and stops sending it. Such a server reports no usage.
@@ -155,7 +159,7 @@ class OpenAICompatibleModel:
         return f"model {self._model!r} at {self._base_url}"
 
     def _model_error(self, exc: openai.OpenAIError) -> ModelError:
-        return model_error(exc, where=self._where(), timeout=self._timeout, max_retries=self._max_retries)
+        return model_error(exc, where=self._where(), timeout=self._timeout)
 
 
 def chunk_deltas(chunk: ChatCompletionChunk) -> list[ModelDelta]:
@@ -183,24 +187,28 @@ def chunk_deltas(chunk: ChatCompletionChunk) -> list[ModelDelta]:
     return deltas
 
 
-def model_error(exc: openai.OpenAIError, *, where: str, timeout: float, max_retries: int) -> ModelError:
+def model_error(exc: openai.OpenAIError, *, where: str, timeout: float) -> ModelError:
     """Translate an SDK error into a :class:`ModelError` (the caller raises it ``from exc``)."""
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
         retryable = status in _RETRYABLE_STATUSES or status >= 500
-        spent = f" (still failing after {max_retries} retries)" if retryable and max_retries else ""
-        return ModelError(
-            f"{where}: HTTP {status}: {_server_message(exc)}{spent}", status=status, retryable=retryable
-        )
+        message = f"{where}: HTTP {status}: {_server_message(exc)}{_retries_note(exc)}"
+        return ModelError(message, status=status, retryable=retryable)
     if isinstance(exc, openai.APITimeoutError):
-        return ModelError(f"{where}: timed out after {timeout:g}s", retryable=True)
+        return ModelError(f"{where}: timed out after {timeout:g}s{_retries_note(exc)}", retryable=True)
     if isinstance(exc, openai.APIConnectionError):
         cause = exc.__cause__
         detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
-        return ModelError(f"{where}: connection failed{detail}", retryable=True)
+        return ModelError(f"{where}: connection failed{detail}{_retries_note(exc)}", retryable=True)
     if isinstance(exc, openai.APIError):
         return ModelError(f"{where}: the server reported an error: {_server_message(exc)}")
     return ModelError(f"{where}: {type(exc).__name__}: {exc}")
+
+
+def _retries_note(exc: openai.APIError) -> str:
+    """How many retries the SDK spent before giving up (it stamps each request with the count)."""
+    taken = exc.request.headers.get("x-stainless-retry-count", "0")
+    return f" (gave up after {taken} retries)" if taken.isdigit() and int(taken) > 0 else ""
 
 
 def _server_message(exc: openai.APIError) -> str:
