@@ -13,7 +13,13 @@ from openai_server import Call, OpenAIServer, Turn
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OPENAI_API_KEY": "sk-test-123", "NO_COLOR": "1", "COLUMNS": "160"}
     return subprocess.run(
-        [sys.executable, "-m", "treellm", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "treellm", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 
@@ -102,6 +108,7 @@ def test_treellm_run_without_an_endpoint_is_one_clear_error(tmp_path: Path) -> N
     result = subprocess.run(
         [sys.executable, "-m", "treellm", "run", "q"],
         cwd=tmp_path,
+        check=False,
         env=env,
         capture_output=True,
         text=True,

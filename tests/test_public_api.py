@@ -35,6 +35,7 @@ PUBLIC = {
         "TreeExecutor",
         "Usage",
         "GuardDecision",
+        "OpenAICompatibleModel",
         "LoopGuard",
         "CallKey",
         "ConfigError",

@@ -15,6 +15,7 @@ from treellm.errors import ConfigError, ModelError, ScriptExhaustedError, ToolDe
 from treellm.guard import GuardDecision, LoopGuard
 from treellm.loop import CallKey, LoopDecision, LoopDetector, PathSignatures
 from treellm.models.base import ChatModel, ModelRequest, ModelTurn, ToolCall, Usage
+from treellm.models.openai import OpenAICompatibleModel
 from treellm.models.scripted import ScriptedModel
 from treellm.signature import RawArguments, canonical_json, parse_arguments, signature, stable_hash
 
@@ -27,16 +28,17 @@ __all__ = [
     "CollapseNode",
     "ConfigError",
     "Event",
-    "GuardDecision",
-    "LoopGuard",
     "EventType",
+    "GuardDecision",
     "LoopDecision",
     "LoopDetector",
+    "LoopGuard",
     "ModelError",
     "ModelRequest",
     "ModelTurn",
     "NodeKind",
     "NodeStatus",
+    "OpenAICompatibleModel",
     "PathSignatures",
     "PrunedCall",
     "RawArguments",
