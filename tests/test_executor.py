@@ -214,6 +214,28 @@ def test_fork_children_are_tool_children_and_each_context_holds_only_its_call() 
     check_histories(model)
 
 
+def test_fork_keeps_a_valid_history_after_prunes_and_nudges() -> None:
+    def respond(request: ModelRequest) -> ModelTurn:
+        if request.depth == 0:
+            return ModelTurn(tool_calls=[call("a", v=1), call("n", v=1)])
+        if request.depth == 1:  # each branch repeats both calls and adds a new one
+            return ModelTurn(tool_calls=[call("a", v=1), call("n", v=1), call("a", v=2), call("a", v=2)])
+        return ModelTurn(text="done")
+
+    model = ScriptedModel(respond)
+    tools = [Tool("a", "a", handler=Counter("a")), Tool("n", "n", handler=Counter("n"), on_repeat="nudge")]
+    result = executor(model, tools, TreeConfig(branching="fork")).run("t")
+    assert result.outcome == "completed"
+    actions = sorted(p.action for p in result.pruned_calls)
+    # branch a: a(1) pruned, a(2) dup pruned; branch n: n(1) nudged, a(2) dup pruned
+    assert actions == ["nudge", "prune", "prune", "prune"]
+    check_histories(model)
+    for request in model.requests[3:]:
+        assistant = [m for m in request.messages if m["role"] == "assistant"][-1]
+        names = [c["function"]["name"] for c in assistant["tool_calls"]]
+        assert names.count("a") <= 2 and len(names) == len(last_tool_results(request))
+
+
 # -- repeat actions ----------------------------------------------------------------------------
 
 
