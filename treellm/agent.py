@@ -11,7 +11,9 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.trace import TracerProvider
 
 from treellm.config import TreeConfig
 from treellm.engine.events import Observer
@@ -19,6 +21,7 @@ from treellm.engine.executor import Engine
 from treellm.engine.run import Clock, Sleep
 from treellm.engine.tools import Skill, Tool
 from treellm.models.base import ChatModel
+from treellm.telemetry.observer import TelemetryObserver
 
 __all__ = ["TreeExecutor"]
 
@@ -40,8 +43,8 @@ class TreeExecutor(Engine):
         skills: Sequence[Skill] = (),
         observers: Sequence[Observer] = (),
         telemetry: bool = True,
-        tracer_provider: Any = None,
-        meter_provider: Any = None,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
         clock: Clock = time.time_ns,
         sleep: Sleep = asyncio.sleep,
         run_ids: Callable[[], str] = lambda: uuid.uuid4().hex,
@@ -57,6 +60,7 @@ class TreeExecutor(Engine):
             sleep=sleep,
             run_ids=run_ids,
         )
-        self.telemetry = telemetry
-        self.tracer_provider = tracer_provider
-        self.meter_provider = meter_provider
+        self.telemetry: TelemetryObserver | None = None
+        if telemetry:
+            self.telemetry = TelemetryObserver(tracer_provider, meter_provider)
+            self.observers.insert(0, self.telemetry)

@@ -23,6 +23,9 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Seq
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.trace import TracerProvider
+
 from treellm.config import RepeatAction, TreeConfig
 from treellm.engine.events import (
     EVENT_TYPES,
@@ -43,6 +46,7 @@ from treellm.engine.tools import result_hash, result_text
 from treellm.loop import CallKey, LimitSource, LoopDetector, PathSignatures, call_key
 from treellm.models.base import arguments_text
 from treellm.signature import parse_arguments
+from treellm.telemetry.observer import TelemetryObserver
 
 __all__ = ["GuardDecision", "LoopGuard"]
 
@@ -97,6 +101,9 @@ class LoopGuard:
         config: TreeConfig | None = None,
         shadow: bool | None = None,
         observers: Sequence[Observer] = (),
+        telemetry: bool = True,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
         name: str = "agent",
         model: str = "",
         clock: Callable[[], int] = time.time_ns,
@@ -117,6 +124,8 @@ class LoopGuard:
         self.name = name
         self.model = model
         self.observers: list[Observer] = list(observers)
+        if telemetry:
+            self.observers.insert(0, TelemetryObserver(tracer_provider, meter_provider))
         self.clock = clock
         self.run_ids = run_ids
         self._lock = threading.Lock()
