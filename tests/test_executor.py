@@ -597,3 +597,17 @@ def test_a_model_error_fails_the_branch_as_data() -> None:
     result = TreeExecutor(Failing(), [], telemetry=False).run("t")
     assert result.outcome == "failed"
     assert result.nodes[0].status == NodeStatus.FAILED and "HTTP 500" in (result.nodes[0].error or "")
+
+
+def test_a_deep_collapse_tree_runs_without_hitting_the_recursion_limit() -> None:
+    depth = 1500  # a chain of 1,500 turns: iterative, never one coroutine nested per level
+
+    async def t(_: dict[str, Any]) -> str:
+        return "ok"
+
+    model = ScriptedModel(
+        lambda r: ModelTurn(text="done") if r.depth >= depth else ModelTurn(tool_calls=[call("t", d=r.depth)])
+    )
+    config = TreeConfig(depth_limit=depth + 1, node_budget=10 * depth)
+    result = executor(model, [Tool("t", "t", handler=t)], config).run("deep")
+    assert result.outcome == "completed" and result.stats.max_depth == depth

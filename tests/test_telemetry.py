@@ -170,7 +170,7 @@ def test_tool_spans_carry_genai_and_loop_attributes_and_pruned_calls_get_none(pi
 
 
 def test_collapse_spans_link_to_the_tool_spans_they_merged(pipeline: Pipeline) -> None:
-    result, spans = collapse_run(pipeline)
+    _, spans = collapse_run(pipeline)
     collapse = next(s for s in spans if s.name == "collapse")
     merged = list(attrs(collapse)[sc.COLLAPSE_MERGED])
     by_node = node_spans(spans)

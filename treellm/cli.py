@@ -61,10 +61,25 @@ def _cmd_run(args: argparse.Namespace) -> int:
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
     model = OpenAICompatibleModel(base_url, model_name, api_key, timeout=args.timeout)
     console = _console()
+    provider = None
+    if args.trace:
+        from treellm.setup import configure
+
+        provider = configure(service_name=args.name, jsonl=args.trace)
     executor = TreeExecutor(
-        model, builtin_tools(args.root), config, name=args.name, observers=[LiveLog(console)], telemetry=False
+        model,
+        builtin_tools(args.root),
+        config,
+        name=args.name,
+        observers=[LiveLog(console)],
+        telemetry=provider is not None,
+        tracer_provider=provider,
     )
-    result = executor.run(args.task)
+    try:
+        result = executor.run(args.task)
+    finally:
+        if provider is not None:
+            provider.shutdown()
     console.print(render_tree(result))
     if result.answer is not None:
         print(result.answer)
@@ -140,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=60.0, help="seconds per request read (default %(default)s)"
     )
     run.add_argument("--name", default="agent", help="the agent's name in traces (default %(default)s)")
+    run.add_argument("--trace", metavar="FILE.jsonl", help="append the run's spans to an OTLP JSONL file")
     run.set_defaults(func=_cmd_run)
 
     demo = sub.add_parser(

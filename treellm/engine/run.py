@@ -321,7 +321,23 @@ class Run:
     # -- think ---------------------------------------------------------------
 
     async def think(self, branch: Branch) -> None:
-        """Run one ThinkNode and, through its children, the rest of its branch."""
+        """Run a branch to its end: a loop while it has one child, concurrent sub-branches when it forks.
+
+        Iterative along single-child chains, so a deep collapse-mode tree never
+        nests coroutines (and never hits Python's recursion limit).
+        """
+        current: Branch | None = branch
+        while current is not None:
+            children = await self._step(current)
+            if len(children) == 1:
+                current = children[0]
+                continue
+            if children:
+                await asyncio.gather(*(self.think(child) for child in children))
+            current = None
+
+    async def _step(self, branch: Branch) -> list[Branch]:
+        """Run one ThinkNode and its tool calls; return the branches that continue from it."""
         tree = branch.tree
         parent = self.nodes.get(branch.parent_id) if branch.parent_id else None
         if branch.depth >= tree.config.depth_limit:
@@ -331,9 +347,9 @@ class Run:
                 parent,
                 tree.skill_stack,
             )
-            return
+            return []
         if not self._budget_left(tree, 1, parent, tree.skill_stack):
-            return
+            return []
         node = ThinkNode(
             id=self.new_node_id(),
             parent_id=branch.parent_id,
@@ -356,7 +372,7 @@ class Run:
             self.emit(ThinkComplete("", 0, 0, None, "error", str(exc)), failed)
             self.chunk(ChunkType.ERROR, f"[tree] model error: {exc}", node.id)
             tree.ends.append(BranchEnd(node.id, "error"))
-            return
+            return []
         if turn.usage is not None:
             self.usage = self.usage + turn.usage
         node = node.with_(text=turn.text, usage=turn.usage, requested_calls=len(turn.tool_calls))
@@ -369,7 +385,7 @@ class Run:
             self.emit(TaskComplete(answer, summary), node)
             self.chunk(ChunkType.TASK_COMPLETE, answer, node.id)
             tree.ends.append(BranchEnd(node.id, "answer", answer, summary))
-            return
+            return []
 
         accepted, caught, call_order = self._loop_check(tree, branch.path, node, turn.tool_calls)
         checked = self.nodes[node.id]
@@ -379,15 +395,17 @@ class Run:
         if not accepted and not answered:
             self._complete_think(node, "prune", len(turn.tool_calls), 0)
             tree.ends.append(BranchEnd(node.id, "prune"))
-            return
+            return []
         if not self._budget_left(tree, len(accepted), node, tree.skill_stack):
             self._complete_think(node, "budget", len(turn.tool_calls), len(accepted))
-            return
+            return []
         self._complete_think(node, "children", len(turn.tool_calls), len(accepted))
         await asyncio.gather(*(self._run_tool(tree, node, a) for a in accepted))
         answers = self._answer_caught(node.id, caught)
         order = {call_id: i for i, call_id in enumerate(call_order)}
-        await self._continue(branch, node, text=turn.text, accepted=accepted, answers=answers, order=order)
+        return await self._continue(
+            branch, node, text=turn.text, accepted=accepted, answers=answers, order=order
+        )
 
     async def _stream_model(self, request: ModelRequest, node: Node) -> list[ModelDelta]:
         deltas: list[ModelDelta] = []
@@ -626,7 +644,8 @@ class Run:
         accepted: list[_Accepted],
         answers: list[PrunedCall],
         order: Mapping[str, int],
-    ) -> None:
+    ) -> list[Branch]:
+        """The branches that continue after a turn's tools ran (collapsing first in collapse mode)."""
         tree = branch.tree
         if tree.config.branching == "fork" and accepted:
             children = []
@@ -635,8 +654,7 @@ class Run:
                 messages = (*branch.messages, *_turn_messages(text, [call.node], answers, order))
                 path = branch.path.extend(call.key, call.node_id, mutates=self._mutated(tree, call))
                 children.append(Branch(tree, messages, path, branch.depth + 1, call.node_id))
-            await asyncio.gather(*(self.think(child) for child in children))
-            return
+            return children
         tool_nodes = [c.node for c in accepted if c.node is not None]
         path = branch.path
         for call in accepted:
@@ -644,11 +662,10 @@ class Run:
         turn = _turn_messages(text, tool_nodes, answers, order)
         if tree.config.branching == "fork":  # only nudge/cache answers: one continuation
             child = Branch(tree, (*branch.messages, *turn), path, branch.depth + 1, think.id)
-            await self.think(child)
-            return
+            return [child]
         collapse_id = await self._collapse(branch, think, tool_nodes, turn)
         if collapse_id is None:
-            return
+            return []
         collapse = self.nodes[collapse_id]
         assert isinstance(collapse, CollapseNode)
         messages = (
@@ -656,7 +673,7 @@ class Run:
             if not collapse.compressed
             else self._compressed_context(branch, collapse)
         )
-        await self.think(Branch(tree, messages, path, branch.depth + 1, collapse_id))
+        return [Branch(tree, messages, path, branch.depth + 1, collapse_id)]
 
     def _mutated(self, tree: SubTree, call: _Accepted) -> bool:
         return tree.mutates(call.name) and call.node is not None and call.node.status == NodeStatus.COMPLETED
