@@ -9,6 +9,14 @@ import pytest
 import treellm
 
 PUBLIC = {
+    "treellm.telemetry": {
+        "Capture",
+        "CaptureMode",
+        "TelemetryObserver",
+        "redact_text",
+        "redact_value",
+        "semconv",
+    },
     "treellm": {
         "BranchAnswer",
         "ChatModel",
@@ -35,6 +43,8 @@ PUBLIC = {
         "TreeExecutor",
         "Usage",
         "GuardDecision",
+        "OTLPJsonlSpanExporter",
+        "configure",
         "OpenAICompatibleModel",
         "LoopGuard",
         "CallKey",

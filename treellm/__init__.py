@@ -12,11 +12,13 @@ from treellm.engine.executor import BranchAnswer, RunResult
 from treellm.engine.nodes import CollapseNode, NodeKind, NodeStatus, PrunedCall, ThinkNode, ToolNode
 from treellm.engine.tools import Skill, Tool
 from treellm.errors import ConfigError, ModelError, ScriptExhaustedError, ToolDefinitionError, TreeLLMError
+from treellm.exporters.jsonl import OTLPJsonlSpanExporter
 from treellm.guard import GuardDecision, LoopGuard
 from treellm.loop import CallKey, LoopDecision, LoopDetector, PathSignatures
 from treellm.models.base import ChatModel, ModelRequest, ModelTurn, ToolCall, Usage
 from treellm.models.openai import OpenAICompatibleModel
 from treellm.models.scripted import ScriptedModel
+from treellm.setup import configure
 from treellm.signature import RawArguments, canonical_json, parse_arguments, signature, stable_hash
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "ModelTurn",
     "NodeKind",
     "NodeStatus",
+    "OTLPJsonlSpanExporter",
     "OpenAICompatibleModel",
     "PathSignatures",
     "PrunedCall",
@@ -59,6 +62,7 @@ __all__ = [
     "Usage",
     "__version__",
     "canonical_json",
+    "configure",
     "parse_arguments",
     "signature",
     "stable_hash",

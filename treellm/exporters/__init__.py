@@ -1,0 +1,1 @@
+"""Span exporters: thin I/O shells over the pure conversions in :mod:`treellm.otlp`."""
