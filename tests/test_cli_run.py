@@ -118,3 +118,28 @@ def test_treellm_run_without_an_endpoint_is_one_clear_error(tmp_path: Path) -> N
     assert result.stderr.strip() == (
         "treellm: error: treellm run needs --base-url and --model (or TREELLM_BASE_URL and TREELLM_MODEL)"
     )
+
+
+def test_treellm_run_trace_writes_the_run_as_otlp_jsonl(tmp_path: Path) -> None:
+    import json
+
+    trace = tmp_path / "out" / "run.jsonl"
+    script = [
+        Turn(tool_calls=[Call("list_dir", {})]),
+        Turn(tool_calls=[Call("task_complete", {"result": "ok"})]),
+    ]
+    with OpenAIServer(script) as server:
+        result = run_cli(
+            "run", "--base-url", server.base_url, "--model", "m7", "--root", str(tmp_path), "--trace", str(trace),
+            "--name", "cli-agent", "q", cwd=tmp_path,
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    spans = [
+        span
+        for line in trace.read_text(encoding="utf-8").splitlines()
+        for rs in json.loads(line)["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for span in ss["spans"]
+    ]
+    names = sorted(s["name"] for s in spans)
+    assert names == ["chat m7", "chat m7", "collapse", "execute_tool list_dir", "invoke_agent cli-agent"]

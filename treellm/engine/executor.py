@@ -36,9 +36,9 @@ class BranchAnswer:
     summary: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class RunResult:
-    """Everything a run produced."""
+    """Everything a run produced. Its repr is a one-line summary (the whole is large)."""
 
     run_id: str
     task: str
@@ -51,6 +51,16 @@ class RunResult:
     chunks: tuple[Chunk, ...]
     events: tuple[Event, ...]
     stats: RunStats
+
+    def __repr__(self) -> str:
+        # Kept short on purpose: asyncio reprs a finished main task's result (Python 3.11's
+        # signal handling in asyncio.run does), and a full dataclass repr of thousands of
+        # nodes and events cost more than the run itself.
+        answer = self.answer if self.answer is None or len(self.answer) <= 60 else self.answer[:57] + "..."
+        return (
+            f"RunResult(run_id={self.run_id!r}, outcome={self.outcome!r}, answer={answer!r}, "
+            f"nodes={len(self.nodes)}, pruned_calls={len(self.pruned_calls)}, events={len(self.events)})"
+        )
 
     def node(self, node_id: str) -> Node:
         return next(n for n in self.nodes if n.id == node_id)
