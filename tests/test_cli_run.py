@@ -130,8 +130,8 @@ def test_treellm_run_trace_writes_the_run_as_otlp_jsonl(tmp_path: Path) -> None:
     ]
     with OpenAIServer(script) as server:
         result = run_cli(
-            "run", "--base-url", server.base_url, "--model", "m7", "--root", str(tmp_path), "--trace", str(trace),
-            "--name", "cli-agent", "q", cwd=tmp_path,
+            "run", "--base-url", server.base_url, "--model", "m7", "--root", str(tmp_path),
+            "--trace", str(trace), "--name", "cli-agent", "q", cwd=tmp_path,
         )  # fmt: skip
     assert result.returncode == 0, result.stderr
     spans = [
