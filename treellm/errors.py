@@ -6,7 +6,10 @@
     ├── ConfigError            a setting or limits file is invalid (names the setting)
     ├── ModelError             the chat model failed (HTTP status, transport, protocol)
     ├── ScriptExhaustedError   a ScriptedModel ran out of turns (a bug in the script: propagates)
-    └── ToolDefinitionError    a tool or skill is declared wrongly (names the tool)
+    ├── ToolDefinitionError    a tool or skill is declared wrongly (names the tool)
+    └── StoreError             the DuckDB store cannot be opened, read or written
+        ├── IngestError        an input file is malformed (names the file, line and reason)
+        └── StoreBusyError     another process holds the store's write lock
 
 Third-party errors are re-raised ``from exc`` where the library is called. A
 model's or a tool's fault during a run (bad JSON arguments, a failing handler, a
@@ -15,7 +18,16 @@ loop, a spent budget) is data on the node, not an exception.
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "ModelError", "ScriptExhaustedError", "ToolDefinitionError", "TreeLLMError"]
+__all__ = [
+    "ConfigError",
+    "IngestError",
+    "ModelError",
+    "ScriptExhaustedError",
+    "StoreBusyError",
+    "StoreError",
+    "ToolDefinitionError",
+    "TreeLLMError",
+]
 
 
 class TreeLLMError(Exception):
@@ -54,3 +66,36 @@ class ToolDefinitionError(TreeLLMError):
     def __init__(self, message: str, *, tool: str) -> None:
         super().__init__(message)
         self.tool = tool
+
+
+class StoreError(TreeLLMError):
+    """The store cannot be opened, read or written."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class IngestError(StoreError):
+    """An input file (or one record in it) is malformed.
+
+    ``line`` is the 1-based line of a line-oriented file, ``record`` the 0-based index
+    of a record (a span, a run, a protobuf message) when there are no lines.
+    """
+
+    def __init__(
+        self, message: str, *, path: str | None = None, line: int | None = None, record: int | None = None
+    ) -> None:
+        where = path or "<input>"
+        if line is not None:
+            where += f":{line}"
+        elif record is not None:
+            where += f" (record {record})"
+        super().__init__(f"{where}: {message}", path=path)
+        self.reason = message
+        self.line = line
+        self.record = record
+
+
+class StoreBusyError(StoreError):
+    """Another process holds the DuckDB write lock (retry later)."""

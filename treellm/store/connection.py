@@ -1,0 +1,130 @@
+"""The one place that connects to a store: a DuckDB file, or Parquet folders read in place.
+
+DuckDB allows one writing process or many read-only ones, never both at once. So:
+
+- writers (:func:`open_store` with ``read_only=False``) hold the connection only while
+  they write and close it right after; opening one applies pending migrations;
+- readers open a read-only connection per command or page render and never cache it;
+  both retry with backoff while another process holds the lock, then raise
+  :class:`~treellm.errors.StoreBusyError`.
+
+:func:`open_parquet` gives a reader over exported, hive-partitioned Parquet folders
+(one or several, e.g. one per collector) with the same tables and views.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import duckdb
+
+from treellm.errors import StoreBusyError, StoreError
+from treellm.store.schema import MIGRATIONS
+
+__all__ = ["DEFAULT_DB", "ENV_DB", "apply_migrations", "default_db_path", "open_parquet", "open_store"]
+
+DEFAULT_DB = "treellm.duckdb"
+ENV_DB = "TREELLM_DB"
+
+
+def default_db_path() -> Path:
+    """``$TREELLM_DB``, else ``treellm.duckdb`` in the current folder."""
+    return Path(os.environ.get(ENV_DB) or DEFAULT_DB)
+
+
+def _is_lock_conflict(exc: Exception) -> bool:
+    text = str(exc)
+    return "Could not set lock" in text or "Conflicting lock" in text
+
+
+def apply_migrations(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Apply the migrations not yet recorded, each in its own transaction; returns their names."""
+    con.execute("CREATE TABLE IF NOT EXISTS schema_migrations (name VARCHAR PRIMARY KEY, applied_at TIMESTAMP)")
+    done = {row[0] for row in con.execute("SELECT name FROM schema_migrations").fetchall()}
+    applied = []
+    for name, sql in MIGRATIONS:
+        if name in done:
+            continue
+        con.execute("BEGIN TRANSACTION")
+        try:
+            con.execute(sql)
+            con.execute("INSERT INTO schema_migrations VALUES (?, ?)", [name, dt.datetime.now(dt.UTC)])
+            con.execute("COMMIT")
+        except duckdb.Error as exc:
+            con.execute("ROLLBACK")
+            raise StoreError(f"migration {name} failed: {exc}") from exc
+        applied.append(name)
+    return applied
+
+
+def open_store(
+    path: str | os.PathLike[str] | None = None,
+    read_only: bool = False,
+    *,
+    retries: int = 20,
+    backoff_s: float = 0.05,
+    on_busy: Callable[[int], None] | None = None,
+) -> duckdb.DuckDBPyConnection:
+    """Connect to the store at ``path`` (default: :func:`default_db_path`).
+
+    A writer gets the schema migrated. A lock held by another process is retried
+    ``retries`` times with exponential backoff (``on_busy(attempt)`` is told each
+    time, so a UI can say "store busy, retrying"), then :class:`StoreBusyError`.
+    A read-only open of a missing file is a :class:`StoreError` naming it.
+    """
+    target = Path(path) if path is not None else default_db_path()
+    if read_only and not target.exists():
+        raise StoreError(f"no store at {target}: run `treellm ingest` (or `treellm demo`) first", path=str(target))
+    if not read_only:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    attempt = 0
+    while True:
+        try:
+            con = duckdb.connect(str(target), read_only=read_only)
+            break
+        except duckdb.Error as exc:
+            if not _is_lock_conflict(exc):
+                raise StoreError(f"cannot open the store {target}: {exc}", path=str(target)) from exc
+            if attempt >= retries:
+                raise StoreBusyError(
+                    f"the store {target} is busy: another process holds its write lock", path=str(target)
+                ) from exc
+            attempt += 1
+            if on_busy is not None:
+                on_busy(attempt)
+            time.sleep(min(backoff_s * 2 ** (attempt - 1), 1.0))
+    if not read_only:
+        try:
+            apply_migrations(con)
+        except BaseException:
+            con.close()
+            raise
+    return con
+
+
+def open_parquet(folders: Sequence[str | os.PathLike[str]]) -> duckdb.DuckDBPyConnection:
+    """An in-memory reader whose ``spans``, ``span_events`` and ``span_links`` are the
+    hive-partitioned Parquet files under ``folders``, with the store's views on top."""
+    if not folders:
+        raise StoreError("no Parquet folder given")
+    con = duckdb.connect()
+    for table in ("spans", "span_events", "span_links"):
+        globs = []
+        for folder in folders:
+            base = Path(folder) / table
+            if not base.is_dir():
+                raise StoreError(f"{folder} has no {table}/ folder: not a `treellm export` output", path=str(folder))
+            globs.append(str(base / "**" / "*.parquet"))
+        files = ", ".join("'" + g.replace("'", "''") + "'" for g in globs)
+        con.execute(
+            f"CREATE VIEW {table} AS SELECT * FROM read_parquet([{files}], hive_partitioning = true, "
+            "union_by_name = true)"
+        )
+    for name, sql in MIGRATIONS:
+        if name != "0001_raw_tables":
+            con.execute(sql)
+    return con

@@ -1,0 +1,234 @@
+"""The store's schema as named, ordered migrations, and the views of the definitions.
+
+Raw tables (the source of truth), keyed by (trace_id, span_id):
+
+- ``spans``: one row per span, the attributes that the analysis filters and groups
+  on promoted to typed columns, every attribute kept in ``attributes`` (a MAP of
+  text), resource attributes, scope, ``service_name``, ``day`` and ``source``.
+- ``span_events`` and ``span_links``: keyed by their span and position; each row
+  carries its span's ``service_name`` and ``day`` so the three tables partition alike.
+
+Views (``docs/architecture.md`` definitions): ``runs``, ``nodes``, ``tool_calls``,
+``loop_events``. Spans from other agents (GenAI semantic conventions, OpenInference)
+are mapped into the same promoted columns at ingest, so the views treat them alike.
+
+Hard rule: never edit an applied migration; add a new one.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = ["MIGRATIONS", "SPAN_COLUMNS"]
+
+SPAN_COLUMNS: Final = (
+    "trace_id",
+    "span_id",
+    "parent_span_id",
+    "name",
+    "kind",
+    "start_ns",
+    "end_ns",
+    "status_code",
+    "status_message",
+    "service_name",
+    "day",
+    "source",
+    "operation",
+    "agent_name",
+    "model",
+    "run_id",
+    "node_id",
+    "node_kind",
+    "node_depth",
+    "node_parent_id",
+    "node_status",
+    "skill_name",
+    "skill_stack",
+    "tool_name",
+    "tool_call_id",
+    "signature",
+    "ordinal",
+    "limit_n",
+    "limit_source",
+    "result_hash",
+    "attempts",
+    "shadow_caught",
+    "arguments",
+    "result",
+    "input_tokens",
+    "output_tokens",
+    "outcome",
+    "orphan_parent",
+    "attributes",
+    "resource_attributes",
+    "scope_name",
+    "scope_version",
+)
+
+_RAW_TABLES = """
+CREATE TABLE spans (
+    trace_id VARCHAR NOT NULL,
+    span_id VARCHAR NOT NULL,
+    parent_span_id VARCHAR,
+    name VARCHAR NOT NULL,
+    kind TINYINT,
+    start_ns BIGINT NOT NULL,
+    end_ns BIGINT NOT NULL,
+    status_code TINYINT,
+    status_message VARCHAR,
+    service_name VARCHAR NOT NULL,
+    day DATE NOT NULL,
+    source VARCHAR,
+    operation VARCHAR,
+    agent_name VARCHAR,
+    model VARCHAR,
+    run_id VARCHAR,
+    node_id VARCHAR,
+    node_kind VARCHAR,
+    node_depth INTEGER,
+    node_parent_id VARCHAR,
+    node_status VARCHAR,
+    skill_name VARCHAR,
+    skill_stack VARCHAR,
+    tool_name VARCHAR,
+    tool_call_id VARCHAR,
+    signature VARCHAR,
+    ordinal INTEGER,
+    limit_n INTEGER,
+    limit_source VARCHAR,
+    result_hash VARCHAR,
+    attempts INTEGER,
+    shadow_caught BOOLEAN,
+    arguments VARCHAR,
+    result VARCHAR,
+    input_tokens BIGINT,
+    output_tokens BIGINT,
+    outcome VARCHAR,
+    orphan_parent VARCHAR,
+    attributes MAP(VARCHAR, VARCHAR),
+    resource_attributes MAP(VARCHAR, VARCHAR),
+    scope_name VARCHAR,
+    scope_version VARCHAR
+);
+CREATE TABLE span_events (
+    trace_id VARCHAR NOT NULL,
+    span_id VARCHAR NOT NULL,
+    event_index INTEGER NOT NULL,
+    name VARCHAR NOT NULL,
+    time_ns BIGINT,
+    service_name VARCHAR NOT NULL,
+    day DATE NOT NULL,
+    attributes MAP(VARCHAR, VARCHAR)
+);
+CREATE TABLE span_links (
+    trace_id VARCHAR NOT NULL,
+    span_id VARCHAR NOT NULL,
+    link_index INTEGER NOT NULL,
+    linked_trace_id VARCHAR NOT NULL,
+    linked_span_id VARCHAR NOT NULL,
+    service_name VARCHAR NOT NULL,
+    day DATE NOT NULL,
+    attributes MAP(VARCHAR, VARCHAR)
+);
+CREATE TABLE ingested_files (
+    source VARCHAR NOT NULL,
+    content_hash VARCHAR NOT NULL,
+    spans BIGINT NOT NULL,
+    ingested_at TIMESTAMP NOT NULL
+);
+"""
+
+# The views. ``nodes`` covers treellm's node spans and other frameworks' tool and chat
+# spans; ``tool_calls`` the executed calls in path order; ``loop_events`` the caught
+# calls; ``runs`` one row per run (treellm's root invoke_agent span, or for other
+# frameworks the outermost agent span, else the trace root: ``run_id`` says which).
+_VIEWS = """
+CREATE VIEW nodes AS
+SELECT
+    s.run_id, s.trace_id, s.span_id, s.parent_span_id,
+    coalesce(s.node_id, s.span_id) AS node_id,
+    coalesce(s.node_kind, CASE s.operation WHEN 'execute_tool' THEN 'tool' WHEN 'chat' THEN 'think' END) AS kind,
+    s.node_depth AS depth,
+    s.node_parent_id AS parent_id,
+    coalesce(s.node_status, CASE WHEN s.status_code = 2 THEN 'failed' ELSE 'completed' END) AS status,
+    s.tool_name AS tool, s.signature, s.ordinal, s.limit_n AS "limit", s.limit_source, s.result_hash,
+    s.attempts, s.shadow_caught, s.skill_stack, s.start_ns, s.end_ns,
+    s.service_name, s.agent_name, s.model, s.day, s.source
+FROM spans s
+WHERE s.node_kind IS NOT NULL OR s.operation IN ('execute_tool', 'chat');
+
+CREATE VIEW tool_calls AS
+SELECT
+    s.run_id, s.trace_id, s.span_id, coalesce(s.node_id, s.span_id) AS node_id, s.node_parent_id AS parent_id,
+    s.node_depth AS depth, s.tool_name AS tool, s.tool_call_id AS call_id, s.signature, s.ordinal,
+    s.limit_n AS "limit", s.limit_source, s.result_hash, s.attempts, coalesce(s.shadow_caught, false) AS shadow_caught,
+    CASE WHEN s.status_code = 2 OR s.node_status = 'failed' THEN 'failed' ELSE 'completed' END AS status,
+    s.arguments, s.result, s.start_ns, s.end_ns, (s.end_ns - s.start_ns) AS duration_ns,
+    s.service_name, s.agent_name, s.model, s.skill_stack, s.day, s.source,
+    row_number() OVER (PARTITION BY s.run_id ORDER BY s.start_ns, s.span_id) AS path_position
+FROM spans s
+WHERE s.tool_name IS NOT NULL AND (s.operation = 'execute_tool' OR s.node_kind = 'tool');
+
+CREATE VIEW loop_events AS
+SELECT
+    s.run_id, e.trace_id, e.span_id, coalesce(e.attributes['treellm.node.id'], s.node_id) AS node_id, e.time_ns,
+    e.attributes['treellm.loop.tool'] AS tool,
+    e.attributes['treellm.loop.signature'] AS signature,
+    e.attributes['treellm.loop.call_id'] AS call_id,
+    TRY_CAST(e.attributes['treellm.loop.count'] AS INTEGER) AS count,
+    TRY_CAST(e.attributes['treellm.loop.limit'] AS INTEGER) AS "limit",
+    e.attributes['treellm.loop.limit_source'] AS limit_source,
+    e.attributes['treellm.loop.action'] AS action,
+    coalesce(TRY_CAST(e.attributes['treellm.loop.shadow'] AS BOOLEAN), false) AS shadow,
+    e.attributes['treellm.loop.arguments'] AS arguments,
+    e.attributes['treellm.loop.earlier_node_ids'] AS earlier_node_ids,
+    e.attributes['treellm.loop.earlier_span_ids'] AS earlier_span_ids,
+    s.service_name, s.agent_name, s.model, s.day, s.skill_stack
+FROM span_events e
+JOIN spans s USING (trace_id, span_id)
+WHERE e.name = 'loop:detected';
+
+CREATE VIEW runs AS
+WITH run_spans AS (
+    SELECT * FROM spans
+    WHERE run_id IS NOT NULL AND span_id = split_part(run_id, ':', 2) AND skill_name IS NULL
+       OR (run_id IS NOT NULL AND operation = 'invoke_agent' AND skill_name IS NULL
+           AND attributes['treellm.run.id'] = run_id)
+),
+node_counts AS (
+    SELECT run_id,
+        count(*) FILTER (WHERE kind = 'think') AS think_nodes,
+        count(*) FILTER (WHERE kind = 'tool') AS tool_nodes,
+        count(*) FILTER (WHERE kind = 'collapse') AS collapse_nodes,
+        max(depth) AS max_depth,
+        any_value(model) FILTER (WHERE model IS NOT NULL) AS node_model
+    FROM nodes GROUP BY run_id
+),
+prunes AS (
+    SELECT run_id,
+        count(*) FILTER (WHERE NOT shadow) AS pruned_calls,
+        count(*) FILTER (WHERE shadow) AS shadow_catches
+    FROM loop_events GROUP BY run_id
+)
+SELECT
+    r.run_id, r.trace_id, r.span_id, coalesce(r.agent_name, r.name) AS agent, r.service_name AS service,
+    coalesce(r.model, c.node_model) AS model,
+    r.start_ns, r.end_ns, (r.end_ns - r.start_ns) AS duration_ns, r.day,
+    coalesce(c.think_nodes, 0) AS think_nodes, coalesce(c.tool_nodes, 0) AS tool_nodes,
+    coalesce(c.collapse_nodes, 0) AS collapse_nodes,
+    coalesce(c.think_nodes, 0) + coalesce(c.tool_nodes, 0) + coalesce(c.collapse_nodes, 0) AS nodes,
+    coalesce(c.max_depth, 0) AS max_depth,
+    coalesce(p.pruned_calls, 0) AS pruned_calls, coalesce(p.shadow_catches, 0) AS shadow_catches,
+    coalesce(r.outcome, CASE WHEN r.status_code = 2 THEN 'failed' ELSE 'completed' END) AS outcome,
+    coalesce(r.attributes['treellm.run.guard'] = 'true', false) AS guard,
+    r.source
+FROM run_spans r
+LEFT JOIN node_counts c USING (run_id)
+LEFT JOIN prunes p USING (run_id);
+"""
+
+MIGRATIONS: Final[tuple[tuple[str, str], ...]] = (
+    ("0001_raw_tables", _RAW_TABLES),
+    ("0002_views", _VIEWS),
+)
