@@ -36,9 +36,7 @@ def last_tool_results(request: ModelRequest) -> list[str]:
     return list(reversed(out))
 
 
-def by_depth(
-    turns: dict[int, ModelTurn], default: ModelTurn | None = None
-) -> Callable[[ModelRequest], ModelTurn]:
+def by_depth(turns: dict[int, ModelTurn], default: ModelTurn | None = None) -> Callable[[ModelRequest], ModelTurn]:
     """A responder that answers by the requesting node's depth."""
 
     def respond(request: ModelRequest) -> ModelTurn:

@@ -59,8 +59,7 @@ __all__ = [
 ]
 
 HISTORY_MESSAGE = (
-    "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
-    "'tool_call_id'."
+    "An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'."
 )
 _CREATED = 1_700_000_000
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
@@ -189,9 +188,7 @@ def turn_chunks(
     else:
         for index, (cid, call) in enumerate(calls):
             first = {"index": index, "id": cid, "type": "function"}
-            chunks.append(
-                chunk({"tool_calls": [{**first, "function": {"name": call.name, "arguments": ""}}]})
-            )
+            chunks.append(chunk({"tool_calls": [{**first, "function": {"name": call.name, "arguments": ""}}]}))
             for piece in _pieces(call.arguments_text(), turn.piece_size):
                 chunks.append(chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}))
     chunks.append(chunk({}, "tool_calls" if calls else "stop"))
@@ -214,9 +211,7 @@ def stream_events(
         chunks = turn_chunks(Turn(reply.text, usage=None), model=model, number=number, include_usage=False)
         error = {"error": {"message": reply.message, "type": reply.type, "param": None, "code": None}}
         return [json.dumps(chunk) for chunk in chunks[:-1]] + [json.dumps(error)]
-    chunks = turn_chunks(
-        reply, model=model, number=number, include_usage=include_usage, whole_calls=whole_calls
-    )
+    chunks = turn_chunks(reply, model=model, number=number, include_usage=include_usage, whole_calls=whole_calls)
     return [json.dumps(chunk) for chunk in chunks] + ["[DONE]"]
 
 
@@ -392,9 +387,7 @@ class OpenAIServer:
         if problem is not None:
             return ErrorReply(400, problem[0], param=problem[1])
         if self.reject_stream_options and "stream_options" in body:
-            return ErrorReply(
-                400, "Unrecognized request argument supplied: stream_options", param="stream_options"
-            )
+            return ErrorReply(400, "Unrecognized request argument supplied: stream_options", param="stream_options")
         if self._responder is not None:
             return self._responder(body)
         if self._taken >= len(self._script):

@@ -20,9 +20,7 @@ def test_version_flag_prints_the_package_version(capsys: pytest.CaptureFixture[s
 
 
 def test_python_dash_m_treellm_runs_the_cli() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "treellm", "--version"], capture_output=True, text=True, check=False
-    )
+    result = subprocess.run([sys.executable, "-m", "treellm", "--version"], capture_output=True, text=True, check=False)
     assert result.returncode == 0 and __version__ in result.stdout
 
 

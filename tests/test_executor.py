@@ -41,9 +41,7 @@ class Counter:
         return f"{self.name} result {len(self.calls)} for {json.dumps(args, sort_keys=True)}"
 
 
-def executor(
-    model: ScriptedModel, tools: list[Tool], config: TreeConfig | None = None, **kw: Any
-) -> TreeExecutor:
+def executor(model: ScriptedModel, tools: list[Tool], config: TreeConfig | None = None, **kw: Any) -> TreeExecutor:
     return TreeExecutor(model, tools, config, telemetry=False, **kw)
 
 
@@ -157,9 +155,7 @@ def test_per_tool_max_repeats_overrides_the_default_and_the_limits_file_override
     limits.write_text("[tools.fetch]\nmax_repeats = 2\n", encoding="utf-8")
     config = TreeConfig.from_file(limits, max_repeats_per_signature=5)
     again = Counter()
-    result = executor(ScriptedModel(turns), [Tool("fetch", "f", handler=again, max_repeats=3)], config).run(
-        "t"
-    )
+    result = executor(ScriptedModel(turns), [Tool("fetch", "f", handler=again, max_repeats=3)], config).run("t")
     assert len(again.calls) == 2
     assert (result.pruned_calls[0].limit, result.pruned_calls[0].limit_source) == (2, "file")
 
@@ -514,11 +510,7 @@ def test_sibling_calls_run_concurrently() -> None:
 
 def test_one_executor_runs_many_tasks_at_once_without_sharing_state() -> None:
     model = ScriptedModel(
-        lambda r: (
-            ModelTurn(text="done")
-            if r.depth
-            else ModelTurn(tool_calls=[call("s", q=r.messages[1]["content"])])
-        )
+        lambda r: ModelTurn(text="done") if r.depth else ModelTurn(tool_calls=[call("s", q=r.messages[1]["content"])])
     )
     ex = executor(model, [Tool("s", "s", handler=Counter())])
 
@@ -532,9 +524,7 @@ def test_one_executor_runs_many_tasks_at_once_without_sharing_state() -> None:
 
 
 def test_stream_yields_chunks_as_the_run_goes() -> None:
-    model = ScriptedModel(
-        [ModelTurn(text="thinking", tool_calls=[call("s")]), ModelTurn(text="the end")], chunk_size=3
-    )
+    model = ScriptedModel([ModelTurn(text="thinking", tool_calls=[call("s")]), ModelTurn(text="the end")], chunk_size=3)
     ex = executor(model, [Tool("s", "s", handler=Counter())])
 
     async def collect() -> list[Any]:
@@ -552,9 +542,7 @@ def test_an_observer_that_raises_is_detached_and_the_run_goes_on(caplog: pytest.
         raise RuntimeError("observer bug")
 
     model = ScriptedModel([ModelTurn(tool_calls=[call("s")]), ModelTurn(text="ok")])
-    ex = executor(
-        model, [Tool("s", "s", handler=Counter())], observers=[broken, lambda e: seen.append(e.type)]
-    )
+    ex = executor(model, [Tool("s", "s", handler=Counter())], observers=[broken, lambda e: seen.append(e.type)])
     result = ex.run("t")
     assert result.outcome == "completed"
     assert seen[0] == "run:start" and seen[-1] == "run:complete"
@@ -564,9 +552,9 @@ def test_an_observer_that_raises_is_detached_and_the_run_goes_on(caplog: pytest.
 def test_events_carry_run_node_parent_depth_and_time() -> None:
     ticks = iter(range(1000, 100000, 10))
     model = ScriptedModel([ModelTurn(tool_calls=[call("s")]), ModelTurn(text="ok")])
-    result = executor(
-        model, [Tool("s", "s", handler=Counter())], clock=lambda: next(ticks), run_ids=lambda: "r1"
-    ).run("t")
+    result = executor(model, [Tool("s", "s", handler=Counter())], clock=lambda: next(ticks), run_ids=lambda: "r1").run(
+        "t"
+    )
     tool_start = next(e for e in result.events if e.type == "tool:start")
     assert (tool_start.run_id, tool_start.node_id, tool_start.parent_id, tool_start.depth) == (
         "r1",

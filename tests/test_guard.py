@@ -46,9 +46,7 @@ def hand_written_agent(model: ScriptedModel, tools: dict[str, Any], guard: LoopG
                 result = decision.answer
             else:
                 continue  # pruned: drop it from the assistant message
-            kept.append(
-                {"id": f"c{step}{i}", "type": "function", "function": {"name": call.name, "arguments": "{}"}}
-            )
+            kept.append({"id": f"c{step}{i}", "type": "function", "function": {"name": call.name, "arguments": "{}"}})
             answers.append({"role": "tool", "tool_call_id": f"c{step}{i}", "content": result})
         if not kept:
             guard.end(outcome="pruned_out")

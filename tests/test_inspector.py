@@ -47,9 +47,7 @@ def test_markup_in_tool_arguments_is_shown_as_text() -> None:
     async def echo(args: dict[str, str]) -> str:
         return args["q"]
 
-    model = ScriptedModel(
-        [ModelTurn(tool_calls=[ToolCall("echo", {"q": "[bold red]boom[/]"})]), ModelTurn(text="ok")]
-    )
+    model = ScriptedModel([ModelTurn(tool_calls=[ToolCall("echo", {"q": "[bold red]boom[/]"})]), ModelTurn(text="ok")])
     buffer = io.StringIO()
     log = LiveLog(Console(file=buffer, width=200, color_system=None))
     result = TreeExecutor(model, [Tool("echo", "e", handler=echo)], observers=[log], telemetry=False).run("t")

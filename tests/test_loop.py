@@ -126,9 +126,7 @@ def test_counts_match_a_naive_replay_on_every_branch(steps: list[tuple[int, tupl
     paths: list[tuple[PathSignatures, list[tuple[str, int, bool]]]] = [(PathSignatures.empty(), [])]
     for parent_index, (tool, arg, mutates) in steps:
         path, history = paths[parent_index % len(paths)]
-        paths.append(
-            (det.extend_path(path, tool, {"v": arg}, mutates=mutates), [*history, (tool, arg, mutates)])
-        )
+        paths.append((det.extend_path(path, tool, {"v": arg}, mutates=mutates), [*history, (tool, arg, mutates)]))
     for path, history in paths:
         for tool in "abc":
             for arg in range(3):

@@ -155,9 +155,7 @@ def test_every_line_from_a_real_pipeline_parses_as_protobuf_traces_data(tmp_path
     assert raw["linked"]["links"][0]["spanId"] == f"{child_ctx.span_id:016x}"
 
     # The acceptance test: protobuf parses every line.
-    parsed = [
-        json_format.Parse(json.dumps(hex_ids_to_base64(line)), trace_pb2.TracesData()) for line in lines
-    ]
+    parsed = [json_format.Parse(json.dumps(hex_ids_to_base64(line)), trace_pb2.TracesData()) for line in lines]
     spans = {}
     scopes = set()
     for traces_data in parsed:
@@ -269,9 +267,7 @@ def test_empty_batch_encodes_to_empty_traces_data() -> None:
 # --- the exporter's file handling -------------------------------------------------------
 
 
-def test_a_torn_last_line_is_truncated_before_appending(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_torn_last_line_is_truncated_before_appending(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "spans.jsonl"
     old = traces_data_line(finished_spans(1)) + traces_data_line(finished_spans(2))
     torn = b'{"resourceSpans":[{"torn-by-a-crash'

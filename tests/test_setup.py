@@ -42,9 +42,7 @@ def run_script(tmp_path: Path, env: dict[str, str]) -> tuple[str, list[dict[str,
 
 
 def spans_of(lines: list[dict[str, object]]) -> list[dict[str, object]]:
-    return [
-        s for line in lines for rs in line["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]
-    ]  # type: ignore[attr-defined,index]
+    return [s for line in lines for rs in line["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]  # type: ignore[attr-defined,index]
 
 
 def test_configure_then_a_plain_executor_writes_the_run_to_jsonl(tmp_path: Path) -> None:

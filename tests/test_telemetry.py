@@ -315,16 +315,12 @@ def test_capture_mode_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch
     assert resolve_capture().mode == "none"
     assert resolve_capture("full").mode == "full"
     monkeypatch.setenv("TREELLM_CAPTURE", "everything")
-    with pytest.raises(
-        ConfigError, match="TREELLM_CAPTURE: expected redacted, full or none, got 'everything'"
-    ):
+    with pytest.raises(ConfigError, match="TREELLM_CAPTURE: expected redacted, full or none, got 'everything'"):
         resolve_capture()
 
 
 def test_loop_guard_events_become_the_same_spans(pipeline: Pipeline) -> None:
-    guard = LoopGuard(
-        tracer_provider=pipeline.tracer_provider, meter_provider=pipeline.meter_provider, name="lg"
-    )
+    guard = LoopGuard(tracer_provider=pipeline.tracer_provider, meter_provider=pipeline.meter_provider, name="lg")
     guard.record("search", {"q": "x"}, "r1", path="conv-1")
     decision = guard.check("search", {"q": "x"}, path="conv-1")
     assert not decision.allowed

@@ -100,6 +100,73 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _db(args: argparse.Namespace) -> str:
+    from treellm.store.connection import default_db_path
+
+    return str(args.db or default_db_path())
+
+
+def _cmd_ingest(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from treellm.store.ingest import ingest
+
+    db = _db(args)
+    if args.json:
+        report = ingest(db, args.paths, args.input_format, skip_bad=args.skip_bad)
+    else:
+        columns = (
+            TextColumn("ingest"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[file]}"),
+        )
+        with Progress(*columns, console=_console(), transient=True) as bar:
+            task = bar.add_task("ingest", total=None, file="")
+
+            def progress(done: int, total: int, path: str) -> None:
+                bar.update(task, completed=done, total=total, file=path)
+
+            report = ingest(db, args.paths, args.input_format, skip_bad=args.skip_bad, progress=progress)
+    if args.json:
+        print(json.dumps(report.to_json()))
+    else:
+        console = _console(stderr=False)
+        console.print(
+            f"{report.files} file(s) into {db}: {report.spans} new span(s), {report.runs} run(s), "
+            f"{report.duplicates} duplicate(s), {report.skipped} torn line(s) skipped",
+            markup=False,
+        )
+        for path in report.empty_files:
+            console.print(f"empty file: {path}", markup=False)
+    for bad in report.bad_records:
+        where = f"line {bad.line}" if bad.line is not None else f"record {bad.record}"
+        print(f"treellm: skipped a bad record: {bad.path} {where}: {bad.reason}", file=sys.stderr)
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from treellm.store.maintenance import export_parquet
+
+    counts = export_parquet(_db(args), args.parquet)
+    print(json.dumps({"parquet": args.parquet, **counts}))
+    return 0
+
+
+def _cmd_gc(args: argparse.Namespace) -> int:
+    from treellm.store.maintenance import gc, parse_age
+
+    report = gc(_db(args), parse_age(args.older_than))
+    print(
+        json.dumps(
+            {"runs": report.runs, "spans": report.spans, "bytes_before": report.bytes_before,
+             "bytes_after": report.bytes_after}
+        )
+    )  # fmt: skip
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="treellm",
@@ -142,21 +209,64 @@ def build_parser() -> argparse.ArgumentParser:
         default="OPENAI_API_KEY",
         help="environment variable holding the API key (default %(default)s)",
     )
-    run.add_argument(
-        "--root", default=".", help="the folder the tools may read (default: the current folder)"
-    )
+    run.add_argument("--root", default=".", help="the folder the tools may read (default: the current folder)")
     run.add_argument("--limits", help="a TOML limits file, as `treellm tune` writes it")
-    run.add_argument(
-        "--branching", choices=["collapse", "fork"], help="how the tree continues after tool calls"
-    )
+    run.add_argument("--branching", choices=["collapse", "fork"], help="how the tree continues after tool calls")
     run.add_argument("--node-budget", type=int, help="most nodes the run may create")
     run.add_argument("--shadow", action="store_true", help="run every call; only report would-be loops")
-    run.add_argument(
-        "--timeout", type=float, default=60.0, help="seconds per request read (default %(default)s)"
-    )
+    run.add_argument("--timeout", type=float, default=60.0, help="seconds per request read (default %(default)s)")
     run.add_argument("--name", default="agent", help="the agent's name in traces (default %(default)s)")
     run.add_argument("--trace", metavar="FILE.jsonl", help="append the run's spans to an OTLP JSONL file")
     run.set_defaults(func=_cmd_run)
+
+    ingest = sub.add_parser(
+        "ingest",
+        help="ingest trace files (OTLP JSON lines or document, OTLP protobuf, SDK span JSON, chat trajectories)",
+        description=(
+            "Ingest trace files into the DuckDB store, one transaction per file; re-ingesting adds nothing. "
+            "Folders are walked. The store is --db, else $TREELLM_DB, else ./treellm.duckdb."
+        ),
+        epilog="example:\n  treellm ingest traces/*.jsonl --db runs.duckdb --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ingest.add_argument("paths", nargs="+", metavar="PATH", help="files or folders")
+    ingest.add_argument("--db", help="the store (default $TREELLM_DB or ./treellm.duckdb)")
+    ingest.add_argument(
+        "--input-format",
+        default="auto",
+        choices=["auto", "otlp-jsonl", "otlp-json", "otlp-proto", "sdk-json", "trajectory"],
+        help="the files' format (default: detect it)",
+    )
+    ingest.add_argument(
+        "--skip-bad", action="store_true", help="keep the good records of a bad file, report each bad one"
+    )
+    ingest.add_argument("--json", action="store_true", help="print one JSON object with the counts")
+    ingest.set_defaults(func=_cmd_ingest)
+
+    export = sub.add_parser(
+        "export",
+        help="export the store's raw tables as hive-partitioned Parquet (by service and day)",
+        description=(
+            "Write spans, span_events and span_links as Parquet partitioned by service and day, which DuckDB, "
+            "Spark, Trino or ClickHouse read; `treellm report --parquet DIR...` reads one or more such folders."
+        ),
+        epilog="example:\n  treellm export --db runs.duckdb --parquet warehouse/",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    export.add_argument("--db", help="the store (default $TREELLM_DB or ./treellm.duckdb)")
+    export.add_argument("--parquet", required=True, metavar="DIR", help="the folder to write")
+    export.set_defaults(func=_cmd_export)
+
+    gc = sub.add_parser(
+        "gc",
+        help="delete runs older than an age and reclaim space",
+        description="Delete the runs that started longer ago than --older-than (with all their spans).",
+        epilog="example:\n  treellm gc --db runs.duckdb --older-than 30d",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    gc.add_argument("--db", help="the store (default $TREELLM_DB or ./treellm.duckdb)")
+    gc.add_argument("--older-than", required=True, help="an age such as 30d, 12h or 2w")
+    gc.set_defaults(func=_cmd_gc)
 
     demo = sub.add_parser(
         "demo",

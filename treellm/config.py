@@ -79,9 +79,7 @@ class ToolLimits:
             ok = self.on_repeat in get_args(RepeatAction)
             _expect(f"tools.{tool}.on_repeat", ok, "prune, nudge or cache", self.on_repeat, path)
         if self.mutates is not None:
-            _expect(
-                f"tools.{tool}.mutates", isinstance(self.mutates, bool), "true or false", self.mutates, path
-            )
+            _expect(f"tools.{tool}.mutates", isinstance(self.mutates, bool), "true or false", self.mutates, path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,9 +151,7 @@ class TreeConfig:
         return cls.from_mapping(data, path=text_path, **overrides)
 
     @classmethod
-    def from_mapping(
-        cls, data: Mapping[str, Any], *, path: str | None = None, **overrides: Any
-    ) -> TreeConfig:
+    def from_mapping(cls, data: Mapping[str, Any], *, path: str | None = None, **overrides: Any) -> TreeConfig:
         """Build from the parsed limits-file structure (``defaults`` and ``tools`` tables)."""
         for key in data:
             _expect(key, key in ("defaults", "tools"), "a [defaults] or [tools.NAME] table", key, path)

@@ -27,9 +27,7 @@ FILES = {"app.py": "def main():\n    return fetch_config()\n", "config.toml": "r
 
 
 def _responder(request: ModelRequest) -> ModelTurn:
-    last_tool = next(
-        (str(m.get("content")) for m in reversed(request.messages) if m.get("role") == "tool"), ""
-    )
+    last_tool = next((str(m.get("content")) for m in reversed(request.messages) if m.get("role") == "tool"), "")
     if request.skill_stack:  # the "review" skill's sub-tree
         if request.depth == 0:
             return ModelTurn(tool_calls=[ToolCall("read_file", {"path": "app.py"})])
@@ -48,9 +46,7 @@ def _responder(request: ModelRequest) -> ModelTurn:
     if request.depth == 1:  # branch config.toml: re-reads what it just read: pruned
         return ModelTurn(tool_calls=[ToolCall("read_file", {"path": "config.toml"})])
     if request.depth == 2:
-        return ModelTurn(
-            tool_calls=[ToolCall("run_tests", {}), ToolCall("search", {"query": "fetch_config"})]
-        )
+        return ModelTurn(tool_calls=[ToolCall("run_tests", {}), ToolCall("search", {"query": "fetch_config"})])
     if request.depth == 3:
         return ModelTurn(tool_calls=[ToolCall("search", {"query": "fetch_config"})])
     if request.depth == 4:
@@ -62,9 +58,7 @@ def _responder(request: ModelRequest) -> ModelTurn:
                 ToolCall("skill_review", {"task": "review app.py"}),
             ]
         )
-    return ModelTurn(
-        tool_calls=[ToolCall("task_complete", {"result": "Fixed app.py; tests pass.", "summary": "demo"})]
-    )
+    return ModelTurn(tool_calls=[ToolCall("task_complete", {"result": "Fixed app.py; tests pass.", "summary": "demo"})])
 
 
 def demo_executor(observers: list[Observer], **kwargs: Any) -> TreeExecutor:

@@ -206,9 +206,7 @@ class LoopGuard:
             answer = (
                 None
                 if shadow
-                else self._answer(
-                    conv, action, tool, count=decision.count, limit=decision.limit, earlier=earlier
-                )
+                else self._answer(conv, action, tool, count=decision.count, limit=decision.limit, earlier=earlier)
             )
             pruned = PrunedCall(
                 tool=tool,

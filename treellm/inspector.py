@@ -119,11 +119,7 @@ def _node_label(node: Node) -> Text:
     elif isinstance(node, ToolNode):
         label.append(f" → {_short(node.result, 40)}", style="dim")
     elif isinstance(node, CollapseNode):
-        note = (
-            f"compressed {node.size_before}→{node.size_after}"
-            if node.compressed
-            else f"{node.size_before} chars"
-        )
+        note = f"compressed {node.size_before}→{node.size_after}" if node.compressed else f"{node.size_before} chars"
         label.append(f" · merged {len(node.merged)} · {note}", style="dim")
     if node.skill_stack:
         label.append(f" · skill {'/'.join(node.skill_stack)}", style="blue")
@@ -134,9 +130,7 @@ def _pruned_label(call: PrunedCall) -> Text:
     label = Text("✂ ", style="yellow")
     label.append("pruned " if not call.shadow else "shadow catch ", style="bold yellow")
     label.append(f"{call.tool}({_short(call.raw_arguments, 50)}) ")
-    label.append(
-        f"count {call.count} ≥ limit {call.limit} ({call.limit_source}) · {call.action}", style="yellow"
-    )
+    label.append(f"count {call.count} ≥ limit {call.limit} ({call.limit_source}) · {call.action}", style="yellow")
     if call.earlier_node_ids:
         label.append(f" · repeats {', '.join(call.earlier_node_ids)}", style="dim")
     return label
@@ -167,8 +161,6 @@ def render_tree(result: RunResult) -> Tree:
 def tree_text(result: RunResult, width: int = 120, *, color: bool = False) -> str:
     """The rendered tree as plain text (for snapshots and logs)."""
     buffer = io.StringIO()
-    console = Console(
-        file=buffer, width=width, color_system="standard" if color else None, force_terminal=color
-    )
+    console = Console(file=buffer, width=width, color_system="standard" if color else None, force_terminal=color)
     console.print(render_tree(result))
     return buffer.getvalue()

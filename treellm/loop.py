@@ -187,15 +187,11 @@ class LoopDetector:
         earlier = path.earlier(key)
         return LoopDecision(key.tool, key, key.signature, len(earlier), limit, source, earlier)
 
-    def check(
-        self, path: PathSignatures, tool: str, args: object, max_repeats: int | None = None
-    ) -> LoopDecision:
+    def check(self, path: PathSignatures, tool: str, args: object, max_repeats: int | None = None) -> LoopDecision:
         """The typed decision for calling ``tool`` with ``args`` on ``path``."""
         return self.check_key(path, call_key(tool, args), max_repeats)
 
-    def would_loop(
-        self, path: PathSignatures, tool: str, args: object, max_repeats: int | None = None
-    ) -> bool:
+    def would_loop(self, path: PathSignatures, tool: str, args: object, max_repeats: int | None = None) -> bool:
         """True when the call's count on the path is >= its limit."""
         key = call_key(tool, args)
         limit, _ = self.limit_for(tool, max_repeats)

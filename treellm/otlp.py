@@ -312,9 +312,7 @@ def spans_to_traces_data(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
             for scope, members in scopes.items()
         ]
         resource_spans.append(
-            _with_schema_url(
-                {"resource": _resource_json(resource), "scopeSpans": scope_spans}, resource.schema_url
-            )
+            _with_schema_url({"resource": _resource_json(resource), "scopeSpans": scope_spans}, resource.schema_url)
         )
     return {"resourceSpans": resource_spans}
 

@@ -60,6 +60,7 @@ def configure(
     service_name: str | None = None,
     *,
     jsonl: str | os.PathLike[str] | None = None,
+    duckdb: str | os.PathLike[str] | None = None,
     otlp: bool | str | None = None,
     console: bool = False,
     capture: Capture | CaptureMode | None = None,
@@ -67,7 +68,8 @@ def configure(
     """Build the SDK pipeline, install it as the global provider and return it.
 
     ``jsonl``: append OTLP/JSON lines to this file (what ``treellm ingest``
-    reads). ``otlp``: ``True`` or an endpoint URL sends OTLP/HTTP (protobuf);
+    reads). ``duckdb``: write into this treellm store (through an fsync'd journal,
+    holding the write lock only per batch). ``otlp``: ``True`` or an endpoint URL sends OTLP/HTTP (protobuf);
     ``None`` sends it when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set. ``console``
     prints spans. ``capture``: ``"redacted"`` (default), ``"full"`` or
     ``"none"``; when not given, ``TREELLM_CAPTURE`` decides.
@@ -80,6 +82,10 @@ def configure(
     if jsonl is not None:
         Path(jsonl).parent.mkdir(parents=True, exist_ok=True)
         provider.add_span_processor(BatchSpanProcessor(OTLPJsonlSpanExporter(jsonl)))
+    if duckdb is not None:
+        from treellm.store.exporter import DuckDBSpanExporter
+
+        provider.add_span_processor(BatchSpanProcessor(DuckDBSpanExporter(duckdb)))
     if _wants_otlp(otlp):
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter

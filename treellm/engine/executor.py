@@ -79,9 +79,7 @@ def _check_tools(tools: Sequence[Tool], skills: Sequence[Skill]) -> None:
         seen.add(tool.name)
     for skill in skills:
         if skill.tool_name in seen or skill.tool_name == TASK_COMPLETE:
-            raise ToolDefinitionError(
-                f"two tools or skills are named {skill.tool_name!r}", tool=skill.tool_name
-            )
+            raise ToolDefinitionError(f"two tools or skills are named {skill.tool_name!r}", tool=skill.tool_name)
         seen.add(skill.tool_name)
 
 

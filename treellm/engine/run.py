@@ -151,11 +151,7 @@ class SubTree:
         )
 
     def specs(self) -> list[ToolSpec]:
-        return (
-            [t.spec for t in self.tools.values()]
-            + [s.spec for s in self.skills.values()]
-            + [TASK_COMPLETE_SPEC]
-        )
+        return [t.spec for t in self.tools.values()] + [s.spec for s in self.skills.values()] + [TASK_COMPLETE_SPEC]
 
     def max_repeats(self, tool: str) -> int | None:
         found = self.tools.get(tool)
@@ -270,9 +266,7 @@ class Run:
             try:
                 observer(event)
             except Exception:  # an observer's bug must never stop the agent
-                logger.exception(
-                    "observer %r raised on %s; detached for the rest of the run", observer, event.type
-                )
+                logger.exception("observer %r raised on %s; detached for the rest of the run", observer, event.type)
                 self._observers.remove(observer)
 
     def chunk(self, kind: ChunkType, content: str, node_id: str | None = None) -> None:
@@ -365,9 +359,7 @@ class Run:
         try:
             turn = assemble(await self._stream_model(request, node))
         except ModelError as exc:
-            failed = node.with_(
-                status=NodeStatus.FAILED, error=str(exc), ended_ns=self.clock(), ended_by="error"
-            )
+            failed = node.with_(status=NodeStatus.FAILED, error=str(exc), ended_ns=self.clock(), ended_by="error")
             self.store(failed)
             self.emit(ThinkComplete("", 0, 0, None, "error", str(exc)), failed)
             self.chunk(ChunkType.ERROR, f"[tree] model error: {exc}", node.id)
@@ -403,9 +395,7 @@ class Run:
         await asyncio.gather(*(self._run_tool(tree, node, a) for a in accepted))
         answers = self._answer_caught(node.id, caught)
         order = {call_id: i for i, call_id in enumerate(call_order)}
-        return await self._continue(
-            branch, node, text=turn.text, accepted=accepted, answers=answers, order=order
-        )
+        return await self._continue(branch, node, text=turn.text, accepted=accepted, answers=answers, order=order)
 
     async def _stream_model(self, request: ModelRequest, node: Node) -> list[ModelDelta]:
         deltas: list[ModelDelta] = []
@@ -424,9 +414,7 @@ class Run:
         accepted: int,
         answer: str | None = None,
     ) -> None:
-        done = node.with_(
-            status=NodeStatus.COMPLETED, ended_ns=self.clock(), ended_by=ended_by, answer=answer
-        )
+        done = node.with_(status=NodeStatus.COMPLETED, ended_ns=self.clock(), ended_by=ended_by, answer=answer)
         self.store(done)
         self.emit(ThinkComplete(node.text, requested, accepted, node.usage, ended_by), done)
 
@@ -450,9 +438,7 @@ class Run:
             seen_ids.add(call_id)
             call_order.append(call_id)
             raw = arguments_text(call.arguments)
-            value = parse_arguments(
-                call.arguments if isinstance(call.arguments, str) else dict(call.arguments)
-            )
+            value = parse_arguments(call.arguments if isinstance(call.arguments, str) else dict(call.arguments))
             key = _key(call.name, value)
             decision = tree.detector.check_key(turn_path, key, tree.max_repeats(call.name))
             if decision.caught:
@@ -476,9 +462,7 @@ class Run:
                     continue
             node_id = self.new_node_id()
             turn_path = turn_path.extend(key, node_id)
-            accepted.append(
-                _Accepted(call_id, node_id, call.name, raw, value, key, decision, decision.caught)
-            )
+            accepted.append(_Accepted(call_id, node_id, call.name, raw, value, key, decision, decision.caught))
         return accepted, caught, call_order
 
     def _record_catch(self, node: ThinkNode, pruned: PrunedCall) -> None:
@@ -502,9 +486,7 @@ class Run:
             if p.action == "prune":
                 continue
             earlier = self.nodes.get(p.earlier_node_ids[-1]) if p.earlier_node_ids else None
-            earlier_result = (
-                earlier.result if isinstance(earlier, ToolNode) and earlier.result is not None else ""
-            )
+            earlier_result = earlier.result if isinstance(earlier, ToolNode) and earlier.result is not None else ""
             if p.action == "cache":
                 text = earlier_result
             else:
@@ -609,9 +591,7 @@ class Run:
                 self.emit(ToolRetry(call.name, attempts, error, delay), node)
                 await self.sleep(delay)
 
-    async def _run_skill(
-        self, tree: SubTree, skill: Skill, node: ToolNode, arguments: Any
-    ) -> tuple[bool, str, int]:
+    async def _run_skill(self, tree: SubTree, skill: Skill, node: ToolNode, arguments: Any) -> tuple[bool, str, int]:
         task = arguments.get("task") if isinstance(arguments, dict) else None
         if not isinstance(task, str) or not task:
             return False, f"Error: {skill.tool_name} needs a non-empty 'task' string argument.", 0
@@ -668,11 +648,7 @@ class Run:
             return []
         collapse = self.nodes[collapse_id]
         assert isinstance(collapse, CollapseNode)
-        messages = (
-            (*branch.messages, *turn)
-            if not collapse.compressed
-            else self._compressed_context(branch, collapse)
-        )
+        messages = (*branch.messages, *turn) if not collapse.compressed else self._compressed_context(branch, collapse)
         return [Branch(tree, messages, path, branch.depth + 1, collapse_id)]
 
     def _mutated(self, tree: SubTree, call: _Accepted) -> bool:
@@ -810,11 +786,8 @@ def _turn_messages(
         "role": "assistant",
         "content": text or None,
         "tool_calls": [
-            {"id": cid, "type": "function", "function": {"name": name, "arguments": raw}}
-            for cid, name, raw, _ in calls
+            {"id": cid, "type": "function", "function": {"name": name, "arguments": raw}} for cid, name, raw, _ in calls
         ],
     }
-    tools: list[Message] = [
-        {"role": "tool", "tool_call_id": cid, "content": result} for cid, _, _, result in calls
-    ]
+    tools: list[Message] = [{"role": "tool", "tool_call_id": cid, "content": result} for cid, _, _, result in calls]
     return [assistant, *tools]

@@ -114,9 +114,7 @@ class OpenAICompatibleModel:
                 except openai.OpenAIError as exc:
                     raise self._model_error(exc) from exc
                 except json.JSONDecodeError as exc:
-                    raise ModelError(
-                        f"{self._where()}: the server sent a malformed stream chunk: {exc}"
-                    ) from exc
+                    raise ModelError(f"{self._where()}: the server sent a malformed stream chunk: {exc}") from exc
 
     def _client(self) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(
@@ -126,9 +124,7 @@ class OpenAICompatibleModel:
             max_retries=self._max_retries,
         )
 
-    async def _open(
-        self, client: openai.AsyncOpenAI, request: ModelRequest
-    ) -> openai.AsyncStream[ChatCompletionChunk]:
+    async def _open(self, client: openai.AsyncOpenAI, request: ModelRequest) -> openai.AsyncStream[ChatCompletionChunk]:
         try:
             try:
                 return await self._create(client, request)

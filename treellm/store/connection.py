@@ -112,13 +112,18 @@ def open_parquet(folders: Sequence[str | os.PathLike[str]]) -> duckdb.DuckDBPyCo
     if not folders:
         raise StoreError("no Parquet folder given")
     con = duckdb.connect()
+    ddl = {stmt.split("(")[0].split()[-1]: stmt for stmt in MIGRATIONS[0][1].split(";") if "CREATE TABLE" in stmt}
     for table in ("spans", "span_events", "span_links"):
         globs = []
         for folder in folders:
             base = Path(folder) / table
             if not base.is_dir():
                 raise StoreError(f"{folder} has no {table}/ folder: not a `treellm export` output", path=str(folder))
-            globs.append(str(base / "**" / "*.parquet"))
+            if next(base.rglob("*.parquet"), None) is not None:
+                globs.append(str(base / "**" / "*.parquet"))
+        if not globs:  # nothing exported for this table: an empty table of the same shape
+            con.execute(ddl[table])
+            continue
         files = ", ".join("'" + g.replace("'", "''") + "'" for g in globs)
         con.execute(
             f"CREATE VIEW {table} AS SELECT * FROM read_parquet([{files}], hive_partitioning = true, "

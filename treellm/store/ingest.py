@@ -160,11 +160,8 @@ def _span_problem(span: object) -> str | None:
 def _lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
     """(1-based line number, line without newline, complete) of a file, streamed."""
     with path.open("rb") as handle:
-        number = 0
-        for raw in handle:
-            number += 1
-            complete = raw.endswith(b"\n")
-            yield number, raw.rstrip(b"\r\n"), complete
+        for number, raw in enumerate(handle, 1):
+            yield number, raw.rstrip(b"\r\n"), raw.endswith(b"\n")
 
 
 def _first_problem(path: Path, display: str) -> IngestError:
@@ -290,7 +287,7 @@ def _foreign_runs(rows: Sequence[tuple[Any, ...]]) -> pd.DataFrame:
     out: list[tuple[str, str, str, int | None]] = []
     counts: dict[tuple[str, str, str], int] = {}
     for row in sorted(rows, key=lambda r: (r[7] or 0, r[1])):
-        trace, span, parent, operation, run_id, tool, sig = row[:7]
+        trace, span, _parent, _operation, run_id, tool, sig = row[:7]
         if run_id is not None:
             continue
         nearest = outermost = None
@@ -325,9 +322,9 @@ def _transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
     con.execute("COMMIT")
 
 
-def _load_jsonl(db: Path, jsonl: Path, *, display: str) -> tuple[int, int, int]:
+def _load_jsonl(db: Path, jsonl: Path, *, display: str, retries: int = 20) -> tuple[int, int, int]:
     """One transaction: stage, validate, insert, finish. Returns (spans, runs, duplicates)."""
-    con = open_store(db)
+    con = open_store(db, retries=retries)
     try:
         con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
         con.execute("SET preserve_insertion_order = false")
@@ -363,9 +360,7 @@ def _load_jsonl(db: Path, jsonl: Path, *, display: str) -> tuple[int, int, int]:
 # -- files of each format ---------------------------------------------------------------------------
 
 
-def _good_lines_copy(
-    path: Path, folder: Path, *, keep_bad: bool, display: str
-) -> tuple[Path, int, list[BadRecord]]:
+def _good_lines_copy(path: Path, folder: Path, *, keep_bad: bool, display: str) -> tuple[Path, int, list[BadRecord]]:
     """A copy of the complete, valid lines (the torn last line is dropped; bad lines raise
     unless ``keep_bad``). Returns (copy, skipped torn lines, bad records)."""
     target = folder / "good.jsonl"
@@ -400,8 +395,12 @@ def ingest_file(
     input_format: InputFormatChoice = "auto",
     *,
     skip_bad: bool = False,
+    retries: int = 20,
 ) -> FileReport:
-    """Ingest one file in one transaction (see the module docstring)."""
+    """Ingest one file in one transaction (see the module docstring).
+
+    ``retries`` bounds the waits for a busy store before :class:`StoreBusyError`.
+    """
     source = Path(path)
     display = str(path)
     if not source.is_file():
@@ -440,7 +439,7 @@ def ingest_file(
                     bad.append(BadRecord(display, exc.line, exc.record, exc.reason))
         if jsonl.stat().st_size == 0:
             return FileReport(display, fmt, 0, 0, 0, skipped, empty=not bad and not skipped, bad=tuple(bad))
-        spans, runs, duplicates = _load_jsonl(Path(db), jsonl, display=display)
+        spans, runs, duplicates = _load_jsonl(Path(db), jsonl, display=display, retries=retries)
     return FileReport(display, fmt, spans, runs, duplicates, skipped, bad=tuple(bad))
 
 
@@ -521,4 +520,3 @@ class _Limited:
         data: bytes = self.handle.read(size)
         self.left -= len(data)
         return data
-

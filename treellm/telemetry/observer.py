@@ -92,15 +92,9 @@ class TelemetryObserver:
         capture: Capture | CaptureMode | None = None,
     ) -> None:
         self.capture = resolve_capture(capture)
-        self._tracer = trace.get_tracer(
-            sc.INSTRUMENTATION_NAME, __version__, tracer_provider, schema_url=sc.SCHEMA_URL
-        )
-        meter = metrics.get_meter(
-            sc.INSTRUMENTATION_NAME, __version__, meter_provider, schema_url=sc.SCHEMA_URL
-        )
-        self._calls = meter.create_counter(
-            sc.METRIC_TOOL_CALLS, unit="{call}", description="Tool calls executed"
-        )
+        self._tracer = trace.get_tracer(sc.INSTRUMENTATION_NAME, __version__, tracer_provider, schema_url=sc.SCHEMA_URL)
+        meter = metrics.get_meter(sc.INSTRUMENTATION_NAME, __version__, meter_provider, schema_url=sc.SCHEMA_URL)
+        self._calls = meter.create_counter(sc.METRIC_TOOL_CALLS, unit="{call}", description="Tool calls executed")
         self._loops = meter.create_counter(
             sc.METRIC_LOOP_DETECTIONS,
             unit="{call}",
@@ -283,9 +277,7 @@ class TelemetryObserver:
         attrs = self._node_attrs(run, event, "think")
         attrs[sc.GEN_AI_OPERATION_NAME] = sc.OP_CHAT
         attrs[sc.GEN_AI_REQUEST_MODEL] = p.model
-        span = self._start(
-            f"{sc.OP_CHAT} {p.model}", self._parent(run, event), event, attrs, kind=SpanKind.CLIENT
-        )
+        span = self._start(f"{sc.OP_CHAT} {p.model}", self._parent(run, event), event, attrs, kind=SpanKind.CLIENT)
         self._register(run, event, span)
 
     def _think_complete(self, run: _RunSpans, event: Event, p: ThinkComplete) -> None:
@@ -347,9 +339,7 @@ class TelemetryObserver:
             self._end(run, event.node_id, event)
         status = "error" if failed else "ok"
         self._calls.add(1, {sc.GEN_AI_TOOL_NAME: p.tool, sc.METRIC_ATTR_STATUS: status})
-        self._duration.record(
-            p.duration_ns / 1e9, {sc.GEN_AI_TOOL_NAME: p.tool, sc.METRIC_ATTR_STATUS: status}
-        )
+        self._duration.record(p.duration_ns / 1e9, {sc.GEN_AI_TOOL_NAME: p.tool, sc.METRIC_ATTR_STATUS: status})
 
     def _loop_detected(self, run: _RunSpans, event: Event, p: LoopDetected) -> None:
         c = p.call

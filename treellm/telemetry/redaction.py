@@ -105,9 +105,7 @@ class Capture:
 
     def __post_init__(self) -> None:
         if self.mode not in get_args(CaptureMode):
-            raise ConfigError(
-                f"capture: expected redacted, full or none, got {self.mode!r}", setting="capture"
-            )
+            raise ConfigError(f"capture: expected redacted, full or none, got {self.mode!r}", setting="capture")
         if isinstance(self.max_length, bool) or not isinstance(self.max_length, int) or self.max_length < 1:
             raise ConfigError(
                 f"capture max_length: expected an integer >= 1, got {self.max_length!r}", setting="capture"
@@ -150,9 +148,7 @@ def resolve_capture(capture: Capture | CaptureMode | None = None) -> Capture:
         return _default
     mode = os.environ.get(ENV_CAPTURE, "redacted").strip().lower() or "redacted"
     if mode not in get_args(CaptureMode):
-        raise ConfigError(
-            f"{ENV_CAPTURE}: expected redacted, full or none, got {mode!r}", setting=ENV_CAPTURE
-        )
+        raise ConfigError(f"{ENV_CAPTURE}: expected redacted, full or none, got {mode!r}", setting=ENV_CAPTURE)
     length_text = os.environ.get(ENV_CAPTURE_MAX_LENGTH)
     if length_text is None:
         return Capture(mode)  # type: ignore[arg-type]
