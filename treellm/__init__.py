@@ -11,7 +11,16 @@ from treellm.engine.events import Chunk, ChunkType, Event, EventType, RunStats
 from treellm.engine.executor import BranchAnswer, RunResult
 from treellm.engine.nodes import CollapseNode, NodeKind, NodeStatus, PrunedCall, ThinkNode, ToolNode
 from treellm.engine.tools import Skill, Tool
-from treellm.errors import ConfigError, ModelError, ScriptExhaustedError, ToolDefinitionError, TreeLLMError
+from treellm.errors import (
+    ConfigError,
+    IngestError,
+    ModelError,
+    ScriptExhaustedError,
+    StoreBusyError,
+    StoreError,
+    ToolDefinitionError,
+    TreeLLMError,
+)
 from treellm.exporters.jsonl import OTLPJsonlSpanExporter
 from treellm.guard import GuardDecision, LoopGuard
 from treellm.loop import CallKey, LoopDecision, LoopDetector, PathSignatures
@@ -32,6 +41,7 @@ __all__ = [
     "Event",
     "EventType",
     "GuardDecision",
+    "IngestError",
     "LoopDecision",
     "LoopDetector",
     "LoopGuard",
@@ -50,6 +60,8 @@ __all__ = [
     "ScriptExhaustedError",
     "ScriptedModel",
     "Skill",
+    "StoreBusyError",
+    "StoreError",
     "ThinkNode",
     "Tool",
     "ToolCall",

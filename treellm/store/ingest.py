@@ -189,13 +189,26 @@ def _read_expression(path: Path) -> str:
 
 
 def _insert_staged(con: duckdb.DuckDBPyConnection) -> tuple[int, int]:
-    """Insert the new spans (and their events and links) of ``stage``; returns (new, duplicates)."""
+    """Insert the new spans (and their events and links) of ``stage``; returns (new, duplicates).
+
+    The view ``fresh`` holds the new rows: the stage without the keys already stored,
+    and without repeats inside the file (materialised only when the file has any).
+    """
     con.execute(
-        "CREATE OR REPLACE TEMP TABLE fresh AS SELECT s.* FROM stage s ANTI JOIN spans t USING (trace_id, span_id) "
-        "QUALIFY row_number() OVER (PARTITION BY s.trace_id, s.span_id ORDER BY s.start_ns) = 1"
+        "CREATE OR REPLACE TEMP TABLE stored_keys AS "
+        "SELECT trace_id, span_id FROM stage SEMI JOIN spans USING (trace_id, span_id)"
     )
+    repeated = _count(con, "SELECT count(*) FROM (SELECT 1 FROM stage GROUP BY trace_id, span_id HAVING count(*) > 1)")
+    fresh = "SELECT s.* FROM stage s ANTI JOIN stored_keys k USING (trace_id, span_id)"
+    if repeated:
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE fresh_rows AS {fresh} "
+            "QUALIFY row_number() OVER (PARTITION BY s.trace_id, s.span_id ORDER BY s.start_ns) = 1"
+        )
+        fresh = "SELECT * FROM fresh_rows"
+    con.execute(f"CREATE OR REPLACE TEMP VIEW fresh AS {fresh}")
     staged = _count(con, "SELECT count(*) FROM stage")
-    fresh = _count(con, "SELECT count(*) FROM fresh")
+    new = _count(con, "SELECT count(*) FROM fresh")
     columns = ", ".join(SPAN_COLUMNS)
     con.execute(f"INSERT INTO spans ({columns}) SELECT {columns} FROM fresh")
     con.execute(
@@ -218,7 +231,7 @@ def _insert_staged(con: duckdb.DuckDBPyConnection) -> tuple[int, int]:
               FROM fresh WHERE len(links) > 0)
         """
     )
-    return fresh, staged - fresh
+    return new, staged - new
 
 
 def _count(con: duckdb.DuckDBPyConnection, sql: str) -> int:
@@ -346,10 +359,12 @@ def _load_jsonl(db: Path, jsonl: Path, *, display: str, retries: int = 20) -> tu
                 con,
                 "SELECT count(*) FROM spans s SEMI JOIN fresh f USING (trace_id, span_id) "
                 "WHERE s.skill_name IS NULL AND (s.span_id = split_part(s.run_id, ':', 2) "
-                "OR (s.operation = 'invoke_agent' AND s.attributes['treellm.run.id'] = s.run_id))",
+                "OR (s.operation = 'invoke_agent' AND s.node_id IS NULL AND s.run_id IS NOT NULL))",
             )
+            con.execute("DROP VIEW IF EXISTS fresh")
+            con.execute("DROP TABLE IF EXISTS fresh_rows")
+            con.execute("DROP TABLE IF EXISTS stored_keys")
             con.execute("DROP TABLE IF EXISTS stage")
-            con.execute("DROP TABLE IF EXISTS fresh")
         return new, runs, duplicates
     except duckdb.Error as exc:
         raise StoreError(f"{display}: the store refused the data: {exc}", path=display) from exc
@@ -381,6 +396,29 @@ def _good_lines_copy(path: Path, folder: Path, *, keep_bad: bool, display: str) 
                 continue
             out.write(line + b"\n")
     return target, skipped, bad
+
+
+def _overlong_line(path: Path, limit: int = MAX_LINE_BYTES) -> tuple[int, int] | None:
+    """(1-based line number, length) of the first line longer than ``limit``, else None.
+
+    Jumps from newline to newline with ``bytes.find`` (memchr) over 64 MiB chunks.
+    """
+    chunk_size = 64 * 1024 * 1024
+    line_number = 1
+    current = 0  # length of the line so far, carried across chunks
+    with path.open("rb") as handle:
+        while chunk := handle.read(chunk_size):
+            pos = 0
+            while (end := chunk.find(b"\n", pos)) >= 0:
+                if current + end - pos > limit:
+                    return line_number, current + end - pos
+                line_number += 1
+                current = 0
+                pos = end + 1
+            current += len(chunk) - pos
+            if current > limit:
+                return line_number, current
+    return None
 
 
 def _torn_tail(path: Path) -> bool:
@@ -419,6 +457,13 @@ def ingest_file(
         bad: list[BadRecord] = []
         if fmt == "otlp-jsonl":
             jsonl = source
+            overlong = _overlong_line(source)
+            if overlong is not None and not skip_bad:
+                line, length = overlong
+                message = (
+                    f"the line is {length / 1e6:.0f} MB, above the {MAX_LINE_BYTES // 2**20} MiB limit of one line"
+                )
+                raise IngestError(message, path=display, line=line)
             if skip_bad:
                 jsonl, skipped, bad = _good_lines_copy(source, folder, keep_bad=True, display=display)
             elif _torn_tail(source):

@@ -182,8 +182,8 @@ SELECT
     e.attributes['treellm.loop.action'] AS action,
     coalesce(TRY_CAST(e.attributes['treellm.loop.shadow'] AS BOOLEAN), false) AS shadow,
     e.attributes['treellm.loop.arguments'] AS arguments,
-    e.attributes['treellm.loop.earlier_node_ids'] AS earlier_node_ids,
-    e.attributes['treellm.loop.earlier_span_ids'] AS earlier_span_ids,
+    e.attributes['treellm.loop.earlier_node_ids'] AS earlier_node_ids_raw,
+    e.attributes['treellm.loop.earlier_span_ids'] AS earlier_span_ids_raw,
     s.service_name, s.agent_name, s.model, s.day, s.skill_stack
 FROM span_events e
 JOIN spans s USING (trace_id, span_id)
@@ -192,9 +192,8 @@ WHERE e.name = 'loop:detected';
 CREATE VIEW runs AS
 WITH run_spans AS (
     SELECT * FROM spans
-    WHERE run_id IS NOT NULL AND span_id = split_part(run_id, ':', 2) AND skill_name IS NULL
-       OR (run_id IS NOT NULL AND operation = 'invoke_agent' AND skill_name IS NULL
-           AND attributes['treellm.run.id'] = run_id)
+    WHERE run_id IS NOT NULL AND skill_name IS NULL
+      AND (span_id = split_part(run_id, ':', 2) OR (operation = 'invoke_agent' AND node_id IS NULL))
 ),
 node_counts AS (
     SELECT run_id,

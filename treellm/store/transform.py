@@ -14,7 +14,7 @@ __all__ = ["MACROS", "READ_COLUMNS", "stage_sql"]
 
 _ANY = (
     "STRUCT(stringValue VARCHAR, intValue VARCHAR, doubleValue VARCHAR, boolValue BOOLEAN, "
-    "arrayValue JSON, kvlistValue JSON, bytesValue VARCHAR)"
+    "arrayValue VARCHAR, kvlistValue VARCHAR, bytesValue VARCHAR)"
 )
 _KV = f"STRUCT(key VARCHAR, value {_ANY})[]"
 _SPAN = (
@@ -31,22 +31,27 @@ _RESOURCE_SPANS = (
 )
 READ_COLUMNS: Final = "{'resourceSpans': '" + _RESOURCE_SPANS + "'}"
 
-# Attribute values as text: scalars as their text, arrays as a JSON array of scalars,
-# key-value lists as a JSON object (a mapping of arguments, say).
+# Attribute values as text. Scalars become their text; arrays and key-value lists keep
+# their OTLP/JSON text (``{"values": [...]}``) in the MAP, which is cheap, and the few
+# promoted columns that hold one (the skill stack, a mapping of arguments) are turned
+# into plain JSON (a list of scalars, an object) by the macros below.
 MACROS: Final = """
 CREATE OR REPLACE TEMP MACRO treellm_scalar(v) AS
     coalesce(v->>'stringValue', v->>'intValue', v->>'doubleValue', v->>'boolValue', v->>'bytesValue');
 CREATE OR REPLACE TEMP MACRO treellm_text(v) AS coalesce(
-    v.stringValue, v.intValue, v.doubleValue, CAST(v.boolValue AS VARCHAR),
-    CASE WHEN v.arrayValue IS NOT NULL THEN CAST(to_json(list_transform(
-        CAST(coalesce(v.arrayValue->'values', '[]') AS JSON[]), lambda x: treellm_scalar(x))) AS VARCHAR) END,
-    CASE WHEN v.kvlistValue IS NOT NULL THEN CAST(to_json(map_from_entries(list_transform(
-        CAST(coalesce(v.kvlistValue->'values', '[]') AS JSON[]),
-        lambda e: struct_pack(k := e->>'key', v := coalesce(treellm_scalar(e->'value'),
-                                                           CAST(e->'value' AS VARCHAR)))))) AS VARCHAR) END,
-    v.bytesValue);
+    v.stringValue, v.intValue, v.doubleValue, CAST(v.boolValue AS VARCHAR), v.bytesValue,
+    CAST(v.arrayValue AS VARCHAR), CAST(v.kvlistValue AS VARCHAR));
 CREATE OR REPLACE TEMP MACRO treellm_attrs(kvs) AS
-    map_from_entries(list_transform(coalesce(kvs, []), lambda a: struct_pack(k := a.key, v := treellm_text(a.value))));
+    map_from_entries(list_transform(kvs, lambda a: struct_pack(k := a.key, v := treellm_text(a.value))));
+CREATE OR REPLACE TEMP MACRO treellm_list(text) AS CASE WHEN starts_with(text, '{"values"')
+    THEN CAST(to_json(list_transform(CAST(coalesce(CAST(text AS JSON)->'values', '[]') AS JSON[]),
+                                     lambda x: treellm_scalar(x))) AS VARCHAR)
+    ELSE text END;
+CREATE OR REPLACE TEMP MACRO treellm_object(text) AS CASE WHEN starts_with(text, '{"values":[{"key"')
+    THEN CAST(to_json(map_from_entries(list_transform(CAST(CAST(text AS JSON)->'values' AS JSON[]),
+        lambda e: struct_pack(k := e->>'key', v := coalesce(treellm_scalar(e->'value'),
+                                                           CAST(e->'value' AS VARCHAR)))))) AS VARCHAR)
+    ELSE text END;
 """
 
 _PROMOTED = """
@@ -63,7 +68,7 @@ _PROMOTED = """
     nullif(a['treellm.node.parent_id'], '') AS node_parent_id,
     a['treellm.node.status'] AS node_status,
     a['treellm.skill.name'] AS skill_name,
-    a['treellm.node.skill_stack'] AS skill_stack,
+    treellm_list(a['treellm.node.skill_stack']) AS skill_stack,
     coalesce(a['gen_ai.tool.name'], a['tool.name'],
              CASE WHEN a['gen_ai.operation.name'] = 'execute_tool' AND name LIKE 'execute_tool %'
                   THEN substr(name, 14) END) AS tool_name,
@@ -75,9 +80,9 @@ _PROMOTED = """
     a['treellm.tool.result_hash'] AS result_hash,
     TRY_CAST(a['treellm.tool.attempts'] AS INTEGER) AS attempts,
     TRY_CAST(a['treellm.tool.shadow_caught'] AS BOOLEAN) AS shadow_caught,
-    coalesce(a['gen_ai.tool.call.arguments'], a['gen_ai.tool.args'], a['tool.parameters'],
+    treellm_object(coalesce(a['gen_ai.tool.call.arguments'], a['gen_ai.tool.args'], a['tool.parameters'],
              a['tool_call.function.arguments'],
-             CASE WHEN upper(a['openinference.span.kind']) = 'TOOL' THEN a['input.value'] END) AS arguments,
+             CASE WHEN upper(a['openinference.span.kind']) = 'TOOL' THEN a['input.value'] END)) AS arguments,
     coalesce(a['gen_ai.tool.call.result'], a['gen_ai.tool.output'],
              CASE WHEN upper(a['openinference.span.kind']) = 'TOOL' THEN a['output.value'] END) AS result,
     TRY_CAST(coalesce(a['gen_ai.usage.input_tokens'], a['gen_ai.usage.prompt_tokens'],
@@ -87,6 +92,20 @@ _PROMOTED = """
     a['treellm.run.outcome'] AS outcome,
     a['treellm.ingest.orphan_parent'] AS orphan_parent
 """
+
+
+# Attributes promoted 1:1 to columns: not repeated in the ``attributes`` MAP.
+PROMOTED_KEYS: Final = (
+    "gen_ai.operation.name", "gen_ai.agent.name", "gen_ai.request.model", "gen_ai.tool.name",
+    "gen_ai.tool.call.id", "gen_ai.tool.call.arguments", "gen_ai.tool.call.result",
+    "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens",
+    "treellm.run.id", "treellm.run.outcome", "treellm.node.id", "treellm.node.kind", "treellm.node.depth",
+    "treellm.node.parent_id", "treellm.node.status", "treellm.node.skill_stack", "treellm.skill.name",
+    "treellm.tool.signature", "treellm.tool.ordinal", "treellm.tool.limit", "treellm.tool.limit_source",
+    "treellm.tool.result_hash", "treellm.tool.attempts", "treellm.tool.shadow_caught",
+    "treellm.ingest.orphan_parent",
+)  # fmt: skip
+_PROMOTED_LIST = "[" + ", ".join(f"'{k}'" for k in PROMOTED_KEYS) + "]"
 
 
 def stage_sql(read_expression: str) -> str:
@@ -109,6 +128,7 @@ flat AS (
         nullif(sp.status.message, '') AS status_message,
         coalesce(res['service.name'], 'unknown_service') AS service_name,
         treellm_attrs(sp.attributes) AS a,
+        treellm_attrs(list_filter(sp.attributes, lambda kv: NOT list_contains({_PROMOTED_LIST}, kv.key))) AS rest,
         res AS resource_attributes,
         scope.name AS scope_name,
         scope.version AS scope_version,
@@ -120,7 +140,7 @@ SELECT
     trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, status_code, status_message,
     service_name, CAST(make_timestamp(start_ns // 1000) AS DATE) AS day, $source AS source,
     {_PROMOTED},
-    a AS attributes, resource_attributes, scope_name, scope_version, events, links
+    rest AS attributes, resource_attributes, scope_name, scope_version, events, links
 FROM flat
 """
 

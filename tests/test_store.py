@@ -1,0 +1,255 @@
+"""The DuckDB store: round trips, idempotency, corrupt inputs, Parquet, gc, the exporter, the lock."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+
+from treellm import IngestError, OTLPJsonlSpanExporter, RunResult, StoreBusyError, ThinkNode
+from treellm.demo import demo_executor
+from treellm.store.connection import open_parquet, open_store
+from treellm.store.exporter import DuckDBSpanExporter
+from treellm.store.ingest import ingest, ingest_file
+from treellm.store.maintenance import export_parquet, gc
+
+
+def traced_demo(exporter: Any, *, batch: bool = False, run_id: str = "run-1") -> RunResult:
+    provider = TracerProvider()
+    processor = BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter)
+    provider.add_span_processor(processor)
+    result = demo_executor([], tracer_provider=provider, run_ids=lambda: run_id).run("fix it")
+    provider.shutdown()
+    return result
+
+
+@pytest.fixture
+def demo_jsonl(tmp_path: Path) -> tuple[Path, RunResult]:
+    path = tmp_path / "demo.jsonl"
+    result = traced_demo(OTLPJsonlSpanExporter(path))
+    return path, result
+
+
+def rows(con: duckdb.DuckDBPyConnection, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    return con.execute(sql, list(params)).fetchall()
+
+
+def assert_views_match_the_run(con: duckdb.DuckDBPyConnection, result: RunResult) -> None:
+    nodes = {r[0]: r[1:] for r in rows(con, "SELECT node_id, kind, depth, parent_id, status, tool, signature, ordinal "
+                                            "FROM nodes WHERE run_id = ?", result.run_id)}  # fmt: skip
+    assert set(nodes) == {n.id for n in result.nodes}
+    for node in result.nodes:
+        kind, depth, parent, status, tool, sig, ordinal = nodes[node.id]
+        assert (kind, depth, parent, status) == (node.kind, node.depth, node.parent_id, node.status)
+        if node.kind == "tool":
+            assert (tool, sig, ordinal) == (node.tool_name, node.signature, node.ordinal)  # type: ignore[union-attr]
+    pruned = rows(con, "SELECT node_id, tool, signature, count, \"limit\", action, shadow FROM loop_events "
+                       "WHERE run_id = ? ORDER BY time_ns", result.run_id)  # fmt: skip
+    expected = [
+        (n.id, p.tool, p.signature, p.count, p.limit, p.action, p.shadow)
+        for n in result.nodes
+        if isinstance(n, ThinkNode)
+        for p in n.pruned
+    ]
+    assert sorted(pruned) == sorted(expected)
+    run = rows(con, "SELECT agent, nodes, think_nodes, tool_nodes, pruned_calls, outcome, max_depth FROM runs "
+                    "WHERE run_id = ?", result.run_id)  # fmt: skip
+    s = result.stats
+    assert run == [("demo-coder", s.nodes, s.think_nodes, s.tool_nodes, s.pruned, result.outcome, s.max_depth)]
+
+
+def test_round_trip_scripted_run_to_jsonl_to_store_views(tmp_path: Path, demo_jsonl: tuple[Path, RunResult]) -> None:
+    path, result = demo_jsonl
+    db = tmp_path / "t.duckdb"
+    report = ingest(db, [path])
+    assert (report.files, report.spans, report.runs, report.duplicates) == (1, result.stats.nodes + 3, 1, 0)
+    con = open_store(db, read_only=True)
+    assert_views_match_the_run(con, result)
+    calls = rows(con, "SELECT tool, path_position FROM tool_calls WHERE run_id = ? ORDER BY path_position", "run-1")
+    assert [c[1] for c in calls] == list(range(1, result.stats.tool_nodes + 1))
+    con.close()
+
+
+def test_reingesting_a_file_adds_nothing(tmp_path: Path, demo_jsonl: tuple[Path, RunResult]) -> None:
+    path, result = demo_jsonl
+    db = tmp_path / "t.duckdb"
+    ingest(db, [path])
+    again = ingest(db, [path])
+    assert (again.spans, again.runs, again.duplicates) == (0, 0, result.stats.nodes + 3)
+    con = open_store(db, read_only=True)
+    assert rows(con, "SELECT count(*) FROM spans") == [(result.stats.nodes + 3,)]
+    assert rows(con, "SELECT count(*) FROM span_events") == rows(con, "SELECT 10")
+    con.close()
+
+
+def test_the_duckdb_exporter_round_trip(tmp_path: Path) -> None:
+    db = tmp_path / "live.duckdb"
+    exporter = DuckDBSpanExporter(db)
+    result = traced_demo(exporter, batch=True)
+    assert exporter.failures == 0 and exporter.exported_spans == result.stats.nodes + 3
+    assert exporter.journal.stat().st_size == 0
+    con = open_store(db, read_only=True)
+    assert_views_match_the_run(con, result)
+    con.close()
+
+
+def test_a_busy_store_keeps_batches_in_the_journal_until_it_is_free(tmp_path: Path) -> None:
+    db = tmp_path / "busy.duckdb"
+    open_store(db).close()
+    script = f"import duckdb, sys; c = duckdb.connect({str(db)!r}); print('held', flush=True); sys.stdin.readline()"
+    with subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as holder:
+        assert holder.stdout is not None and holder.stdin is not None
+        try:
+            assert holder.stdout.readline().strip() == "held"
+            with pytest.raises(StoreBusyError, match="busy"):
+                open_store(db, read_only=True, retries=1, backoff_s=0.01)
+            exporter = DuckDBSpanExporter(db, busy_retries=0)
+            result = traced_demo(exporter)
+            assert exporter.deferred > 0 and exporter.journal.stat().st_size > 0
+        finally:
+            holder.communicate("\n", timeout=30)
+    restarted = DuckDBSpanExporter(db)  # replays the journal on start
+    assert restarted.journal.stat().st_size == 0
+    con = open_store(db, read_only=True)
+    assert_views_match_the_run(con, result)
+    con.close()
+
+
+def test_a_torn_final_line_is_skipped_and_counted(tmp_path: Path, demo_jsonl: tuple[Path, RunResult]) -> None:
+    path, _ = demo_jsonl
+    torn = tmp_path / "torn.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    torn.write_bytes(b"".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
+    report = ingest(tmp_path / "t.duckdb", [torn])
+    assert report.skipped == 1
+    assert report.spans == sum(len(json.loads(x)["resourceSpans"][0]["scopeSpans"][0]["spans"]) for x in lines[:-1])
+
+
+def test_an_empty_file_is_reported_not_an_error(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    report = ingest(tmp_path / "t.duckdb", [empty])
+    assert report.empty_files == (str(empty),) and report.spans == 0
+
+
+def corrupt_variants(good: bytes) -> dict[str, tuple[bytes, int, str]]:
+    lines = good.splitlines(keepends=True)
+    third = lines[2]
+    doc = json.loads(third)
+    span = doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+
+    def with_span(**changes: Any) -> bytes:
+        changed = json.loads(third)
+        changed["resourceSpans"][0]["scopeSpans"][0]["spans"][0].update(changes)
+        return json.dumps(changed).encode() + b"\n"
+
+    def body(line: bytes) -> bytes:
+        return b"".join([*lines[:2], line, *lines[3:]])
+
+    assert span["traceId"]
+    return {
+        "truncated line in the middle": (body(third[: len(third) // 2] + b"\n"), 3, "not valid JSON"),
+        "wrong types": (body(with_span(startTimeUnixNano={"n": 1})), 3, "startTimeUnixNano: expected an integer"),
+        "bad ids": (body(with_span(traceId="not-a-trace-id")), 3, "traceId: expected 32 hex digits"),
+        "binary garbage": (body(os.urandom(300).replace(b"\n", b" ") + b"\n"), 3, "not valid JSON"),
+    }
+
+
+@pytest.mark.parametrize("case", ["truncated line in the middle", "wrong types", "bad ids", "binary garbage"])
+def test_corrupt_inputs_give_a_clear_error_and_leave_the_store_unchanged(
+    tmp_path: Path, demo_jsonl: tuple[Path, RunResult], case: str
+) -> None:
+    path, _ = demo_jsonl
+    db = tmp_path / "t.duckdb"
+    other = tmp_path / "other.jsonl"
+    traced_demo(OTLPJsonlSpanExporter(other), run_id="run-0")
+    ingest(db, [other])
+    data, line, reason = corrupt_variants(path.read_bytes())[case]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(data)
+    with pytest.raises(IngestError) as caught:
+        ingest_file(db, bad, "otlp-jsonl")
+    assert caught.value.line == line and reason in str(caught.value) and str(bad) in str(caught.value)
+    con = open_store(db, read_only=True)
+    assert rows(con, "SELECT DISTINCT run_id FROM spans") == [("run-0",)]
+    con.close()
+
+
+def test_a_100_mb_line_is_refused_with_its_line_number(tmp_path: Path, demo_jsonl: tuple[Path, RunResult]) -> None:
+    path, _ = demo_jsonl
+    huge = tmp_path / "huge.jsonl"
+    with huge.open("wb") as out:
+        out.write(path.read_bytes().splitlines(keepends=True)[0])
+        out.write(b'{"resourceSpans": [], "padding": "' + b"x" * (100 * 1024 * 1024) + b'"}\n')
+    db = tmp_path / "t.duckdb"
+    open_store(db).close()
+    with pytest.raises(IngestError, match=r"huge.jsonl:2: the line is 105 MB, above the 64 MiB limit"):
+        ingest_file(db, huge, "otlp-jsonl")
+    con = open_store(db, read_only=True)
+    assert rows(con, "SELECT count(*) FROM spans") == [(0,)]
+    con.close()
+
+
+def test_skip_bad_keeps_the_good_records_and_reports_each_bad_one(
+    tmp_path: Path, demo_jsonl: tuple[Path, RunResult]
+) -> None:
+    path, _ = demo_jsonl
+    data, _, _ = corrupt_variants(path.read_bytes())["bad ids"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(data + b"{oops\n")
+    report = ingest(tmp_path / "t.duckdb", [bad], skip_bad=True)
+    assert [(b.line, b.reason[:20]) for b in report.bad_records] == [
+        (3, "resourceSpans[0].sco"),
+        (len(data.splitlines()) + 1, "not valid JSON (unex"),
+    ]
+    assert report.spans == len(path.read_bytes().splitlines()) - 1
+
+
+def test_parquet_export_reads_back_with_the_same_views(tmp_path: Path, demo_jsonl: tuple[Path, RunResult]) -> None:
+    path, result = demo_jsonl
+    db = tmp_path / "t.duckdb"
+    ingest(db, [path])
+    counts = export_parquet(db, tmp_path / "pq")
+    assert counts == {"spans": result.stats.nodes + 3, "span_events": 10, "span_links": 0}
+    assert any((tmp_path / "pq" / "spans").rglob("day=*/*.parquet"))
+    con = open_parquet([tmp_path / "pq"])
+    assert_views_match_the_run(con, result)
+    con.close()
+
+
+def test_gc_deletes_old_runs_and_keeps_new_ones(tmp_path: Path, demo_jsonl: tuple[Path, RunResult]) -> None:
+    path, _ = demo_jsonl
+    db = tmp_path / "t.duckdb"
+    ingest(db, [path])
+    keep = gc(db, dt.timedelta(days=30))
+    assert (keep.runs, keep.spans) == (0, 0)
+    future = dt.datetime.now(dt.UTC) + dt.timedelta(days=60)
+    gone = gc(db, dt.timedelta(days=30), now=future)
+    assert gone.runs == 1 and gone.spans > 30
+    con = open_store(db, read_only=True)
+    assert rows(con, "SELECT count(*) FROM spans") == [(0,)]
+    assert rows(con, "SELECT count(*) FROM span_events") == [(0,)]
+    con.close()
+
+
+def test_migrations_are_named_ordered_and_recorded_once(tmp_path: Path) -> None:
+    db = tmp_path / "t.duckdb"
+    open_store(db).close()
+    open_store(db).close()
+    con = open_store(db, read_only=True)
+    assert [r[0] for r in rows(con, "SELECT name FROM schema_migrations ORDER BY name")] == [
+        "0001_raw_tables",
+        "0002_views",
+    ]
+    con.close()
