@@ -76,8 +76,8 @@ def _span(trace: str, index: int, parent: str | None, start: int, rng: random.Ra
     if parent:
         span["parentSpanId"] = parent
     if index % 20 == 7:
-        span["events"] = [{"timeUnixNano": str(start), "name": "loop:detected",
-                           "attributes": [_attr("treellm.loop.tool", tool), _attr("treellm.loop.count", 1)]}]  # fmt: skip
+        loop_attrs = [_attr("treellm.loop.tool", tool), _attr("treellm.loop.count", 1)]
+        span["events"] = [{"timeUnixNano": str(start), "name": "loop:detected", "attributes": loop_attrs}]
     return span
 
 

@@ -105,10 +105,14 @@ def _int_text(value: object) -> bool:
     return (isinstance(value, str) and value.isdigit()) or (isinstance(value, int) and not isinstance(value, bool))
 
 
+def _too_long(length: int) -> str:
+    return f"the line is {length / 1e6:.0f} MB, above the {MAX_LINE_BYTES // 2**20} MiB limit of one line"
+
+
 def line_problem(line: bytes) -> str | None:
     """Why one OTLP/JSON line cannot be ingested, or None when it can."""
     if len(line) > MAX_LINE_BYTES:
-        return f"the line is {len(line) / 1e6:.0f} MB, above the {MAX_LINE_BYTES // 2**20} MiB limit of one line"
+        return _too_long(len(line))
     try:
         doc = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
