@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import random
-import resource
 import subprocess
 import sys
 import tempfile
@@ -110,17 +109,30 @@ def floor(path: Path, folder: Path) -> float:
 
 
 def whole_command(path: Path, folder: Path) -> tuple[float, float, dict[str, object]]:
+    """Run ``treellm ingest`` as a subprocess; its peak RSS is read from /proc (VmHWM),
+    which starts afresh at exec (``getrusage`` would count the pages the fork inherited)."""
     db = folder / "store.duckdb"
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()
-    result = subprocess.run(
+    with subprocess.Popen(
         [sys.executable, "-m", "treellm", "ingest", str(path), "--db", str(db),
          "--input-format", "otlp-jsonl", "--json"],
-        capture_output=True, text=True, check=True, cwd=ROOT,
-    )  # fmt: skip
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    ) as child:  # fmt: skip
+        peak_kb = 0
+        status = Path(f"/proc/{child.pid}/status")
+        while child.poll() is None:
+            try:
+                for line in status.read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        peak_kb = max(peak_kb, int(line.split()[1]))
+            except OSError:
+                break
+            time.sleep(0.05)
+        out, err = child.communicate()
     elapsed = time.perf_counter() - t0
-    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return elapsed, max(peak_kb, before) / 1024, json.loads(result.stdout)
+    if child.returncode != 0:
+        raise RuntimeError(err)
+    return elapsed, peak_kb / 1024, json.loads(out)
 
 
 def primary_key_variant(path: Path, folder: Path) -> tuple[float, float]:

@@ -9,6 +9,20 @@ import pytest
 import treellm
 
 PUBLIC = {
+    "treellm.store": {
+        "BadRecord",
+        "DuckDBSpanExporter",
+        "FileReport",
+        "GcReport",
+        "IngestReport",
+        "default_db_path",
+        "export_parquet",
+        "gc",
+        "ingest",
+        "ingest_file",
+        "open_parquet",
+        "open_store",
+    },
     "treellm.telemetry": {
         "Capture",
         "CaptureMode",

@@ -34,6 +34,7 @@ import pandas as pd
 
 from treellm.engine.tools import result_hash
 from treellm.errors import IngestError, StoreError
+from treellm.otlp import json_line
 from treellm.signature import RawArguments, parse_arguments, signature
 from treellm.store.connection import open_store
 from treellm.store.schema import SPAN_COLUMNS
@@ -481,7 +482,7 @@ def ingest_file(
             with jsonl.open("wb") as out:
                 try:
                     for _, doc in iter_traces_data(source, fmt):
-                        out.write(orjson.dumps(doc, option=orjson.OPT_APPEND_NEWLINE))
+                        out.write(json_line(doc))
                 except IngestError as exc:
                     if not skip_bad:
                         raise
@@ -492,12 +493,22 @@ def ingest_file(
     return FileReport(display, fmt, spans, runs, duplicates, skipped, bad=tuple(bad))
 
 
+TRACE_SUFFIXES = frozenset({".jsonl", ".ndjson", ".json", ".pb", ".binpb", ".proto", ".otlp"})
+
+
 def _expand(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """Files named are taken as they are; folders are walked for trace files (by suffix:
+    .jsonl .ndjson .json .pb .binpb .proto .otlp), so a README beside them is left alone."""
     out: list[Path] = []
     for p in paths:
         path = Path(p)
         if path.is_dir():
-            out.extend(sorted(f for f in path.rglob("*") if f.is_file() and not f.name.startswith(".")))
+            out.extend(
+                sorted(
+                    f for f in path.rglob("*")
+                    if f.is_file() and not f.name.startswith(".") and f.suffix.lower() in TRACE_SUFFIXES
+                )
+            )  # fmt: skip
         else:
             out.append(path)
     return out
