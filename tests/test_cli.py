@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -40,3 +41,30 @@ def test_every_command_has_help_with_an_example() -> None:
     sub = next(a for a in parser._actions if a.dest == "command")
     for name, command in sub.choices.items():  # type: ignore[attr-defined]
         assert "example" in (command.epilog or ""), name
+
+
+def test_ingest_prints_the_counts_as_json_and_a_bad_file_is_one_line(tmp_path: Any) -> None:
+    from pathlib import Path
+
+    data = Path(__file__).parent / "data" / "external" / "any-agent-OPENAI_trace.json"
+    db = tmp_path / "cli.duckdb"
+    ok = subprocess.run(
+        [sys.executable, "-m", "treellm", "ingest", str(data), "--db", str(db), "--json"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    counts = json.loads(ok.stdout)
+    assert {k: counts[k] for k in ("files", "spans", "runs", "skipped", "duplicates")} == {
+        "files": 1, "spans": 6, "runs": 1, "skipped": 0, "duplicates": 0,
+    }  # fmt: skip
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"resourceSpans": []}\n{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": 1}]}]}]}\n')
+    failed = subprocess.run(
+        [sys.executable, "-m", "treellm", "ingest", str(bad), "--db", str(db), "--json"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert failed.returncode == 1
+    assert failed.stderr.strip().splitlines() == [
+        f"treellm: error: {bad}:2: resourceSpans[0].scopeSpans[0].spans[0]: traceId: expected 32 hex digits "
+        "(not all zero), got 1"
+    ]
