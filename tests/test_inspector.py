@@ -8,8 +8,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from treellm.demo import run_demo
 from treellm.inspector import LiveLog, tree_text
+from treellm.simulate.demo import run_demo
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "inspector_demo_tree.txt"
 

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
 from treellm import IngestError, OTLPJsonlSpanExporter, RunResult, StoreBusyError, ThinkNode
-from treellm.demo import demo_executor
+from treellm.simulate.demo import demo_executor
 from treellm.store.connection import open_parquet, open_store
 from treellm.store.exporter import DuckDBSpanExporter
 from treellm.store.ingest import ingest, ingest_file

@@ -11,8 +11,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from treellm.demo import demo_executor
 from treellm.signature import canonical_json, parse_arguments
+from treellm.simulate.demo import demo_executor
 from treellm.store import ingest, open_store
 from treellm.store.connection import open_parquet
 from treellm.store.maintenance import export_parquet

@@ -90,8 +90,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from treellm.demo import run_demo
     from treellm.inspector import LiveLog, render_tree
+    from treellm.simulate.demo import run_demo
 
     console = _console(stderr=False)
     result = run_demo([LiveLog(console)])
@@ -164,6 +164,19 @@ def _cmd_gc(args: argparse.Namespace) -> int:
              "bytes_after": report.bytes_after}
         )
     )  # fmt: skip
+    return 0
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from treellm.simulate import simulate
+    from treellm.simulate.scenarios import write_scenario
+
+    if args.scenario:
+        spans = write_scenario(args.scenario, args.out, args.seed)
+        print(json.dumps({"out": args.out, "scenario": args.scenario, "spans": spans}))
+        return 0
+    report = simulate(args.runs, args.seed, out=args.out, personas=args.persona or None)
+    print(json.dumps({"out": args.out, **report.to_json()}))
     return 0
 
 
@@ -267,6 +280,32 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--db", help="the store (default $TREELLM_DB or ./treellm.duckdb)")
     gc.add_argument("--older-than", required=True, help="an age such as 30d, 12h or 2w")
     gc.set_defaults(func=_cmd_gc)
+
+    simulate = sub.add_parser(
+        "simulate",
+        help="simulate agent runs with planted behaviour and write them as OTLP JSON lines",
+        description=(
+            "Run simulated agents (a coding, a research and an ops persona) through the real executor and "
+            "telemetry pipeline. The same seed gives the same bytes."
+        ),
+        epilog="example:\n  treellm simulate --runs 300 --seed 7 --out day.jsonl --persona coder --persona operator",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    simulate.add_argument("--runs", type=int, default=100, help="number of runs (default %(default)s)")
+    simulate.add_argument("--seed", type=int, default=0, help="the seed (default %(default)s)")
+    simulate.add_argument("--out", required=True, metavar="FILE.jsonl", help="the OTLP JSONL file to write")
+    simulate.add_argument(
+        "--persona",
+        action="append",
+        choices=["coder", "researcher", "operator"],
+        help="persona(s) to run (default all)",
+    )
+    simulate.add_argument(
+        "--scenario",
+        choices=["branch_local_loop", "nudge_and_cache", "shadow_mode", "retries", "budget_exhausted", "skill_subtree"],
+        help="write one small named scenario instead of persona runs",
+    )
+    simulate.set_defaults(func=_cmd_simulate)
 
     demo = sub.add_parser(
         "demo",
