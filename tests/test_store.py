@@ -251,5 +251,6 @@ def test_migrations_are_named_ordered_and_recorded_once(tmp_path: Path) -> None:
     assert [r[0] for r in rows(con, "SELECT name FROM schema_migrations ORDER BY name")] == [
         "0001_raw_tables",
         "0002_views",
+        "0003_earlier_calls",
     ]
     con.close()

@@ -318,6 +318,7 @@ class LoopGuard:
                     decision.limit,
                     decision.limit_source,
                     decision.caught,
+                    tuple(i for i in decision.earlier_node_ids if i is not None),
                 ),
                 node,
             )

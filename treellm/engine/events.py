@@ -125,6 +125,8 @@ class ToolStart:
     limit: int
     limit_source: LimitSource
     shadow_caught: bool
+    earlier_node_ids: tuple[str, ...] = ()
+    """The earlier identical calls on the path that the count counted (ordinal - 1 of them)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -536,6 +536,7 @@ class Run:
                 d.limit,
                 d.limit_source,
                 call.shadow_caught,
+                tuple(i for i in d.earlier_node_ids if i is not None),
             ),
             node,
         )

@@ -129,7 +129,8 @@ def open_parquet(folders: Sequence[str | os.PathLike[str]]) -> duckdb.DuckDBPyCo
             f"CREATE VIEW {table} AS SELECT * FROM read_parquet([{files}], hive_partitioning = true, "
             "union_by_name = true)"
         )
-    for name, sql in MIGRATIONS:
-        if name != "0001_raw_tables":
-            con.execute(sql)
+    for _, sql in MIGRATIONS:  # the views (the tables are the Parquet files)
+        for statement in sql.split(";"):
+            if "CREATE VIEW" in statement or "CREATE OR REPLACE VIEW" in statement:
+                con.execute(statement)
     return con

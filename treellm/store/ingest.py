@@ -19,6 +19,7 @@ Contract:
 from __future__ import annotations
 
 import ast
+import json
 import os
 import shutil
 import tempfile
@@ -292,7 +293,8 @@ def _finish_foreign(con: duckdb.DuckDBPyConnection) -> None:
         return
     con.register("run_updates", run_updates)
     con.execute(
-        "UPDATE spans SET run_id = u.run_id, ordinal = coalesce(spans.ordinal, u.ordinal) FROM run_updates u "
+        "UPDATE spans SET run_id = u.run_id, ordinal = coalesce(spans.ordinal, u.ordinal), "
+        "earlier_node_ids = coalesce(spans.earlier_node_ids, u.earlier_node_ids) FROM run_updates u "
         "WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id"
     )
     con.unregister("run_updates")
@@ -302,8 +304,8 @@ def _foreign_runs(rows: Sequence[tuple[Any, ...]]) -> pd.DataFrame:
     """Run of each span (outermost agent span, else the trace root) and the ordinal of each
     tool call on its path (tool calls in time order under the nearest enclosing agent span)."""
     by_id = {(r[0], r[1]): r for r in rows}
-    out: list[tuple[str, str, str, int | None]] = []
-    counts: dict[tuple[str, str, str], int] = {}
+    out: list[tuple[str, str, str, int | None, str | None]] = []
+    earlier: dict[tuple[str, str, str], list[str]] = {}
     for row in sorted(rows, key=lambda r: (r[7] or 0, r[1])):
         trace, span, _parent, _operation, run_id, tool, sig = row[:7]
         if run_id is not None:
@@ -320,13 +322,15 @@ def _foreign_runs(rows: Sequence[tuple[Any, ...]]) -> pd.DataFrame:
             root = node[1]
             node = by_id.get((trace, node[2])) if node[2] else None
         run = f"{trace}:{outermost or root}"
-        ordinal = None
+        ordinal = previous = None
         if tool is not None and sig is not None:
-            key = (trace, nearest or root, sig)
-            counts[key] = counts.get(key, 0) + 1
-            ordinal = counts[key]
-        out.append((trace, span, run, ordinal))
-    return pd.DataFrame(out, columns=["trace_id", "span_id", "run_id", "ordinal"]).astype({"ordinal": "Int64"})
+            same = earlier.setdefault((trace, nearest or root, sig), [])
+            ordinal = len(same) + 1
+            previous = json.dumps(same) if same else None
+            same.append(span)
+        out.append((trace, span, run, ordinal, previous))
+    frame = pd.DataFrame(out, columns=["trace_id", "span_id", "run_id", "ordinal", "earlier_node_ids"])
+    return frame.astype({"ordinal": "Int64"})
 
 
 @contextmanager

@@ -64,6 +64,7 @@ SPAN_COLUMNS: Final = (
     "resource_attributes",
     "scope_name",
     "scope_version",
+    "earlier_node_ids",
 )
 
 _RAW_TABLES = """
@@ -227,7 +228,25 @@ LEFT JOIN node_counts c USING (run_id)
 LEFT JOIN prunes p USING (run_id);
 """
 
+# 0003: the earlier identical calls each executed repeat counted (a JSON list of node ids),
+# so repeat outcomes compare a call with exactly the calls on its own path.
+_EARLIER_CALLS = """
+ALTER TABLE spans ADD COLUMN earlier_node_ids VARCHAR;
+CREATE OR REPLACE VIEW tool_calls AS
+SELECT
+    s.run_id, s.trace_id, s.span_id, coalesce(s.node_id, s.span_id) AS node_id, s.node_parent_id AS parent_id,
+    s.node_depth AS depth, s.tool_name AS tool, s.tool_call_id AS call_id, s.signature, s.ordinal,
+    s.limit_n AS "limit", s.limit_source, s.result_hash, s.attempts, coalesce(s.shadow_caught, false) AS shadow_caught,
+    CASE WHEN s.status_code = 2 OR s.node_status = 'failed' THEN 'failed' ELSE 'completed' END AS status,
+    s.arguments, s.result, s.start_ns, s.end_ns, (s.end_ns - s.start_ns) AS duration_ns,
+    s.service_name, s.agent_name, s.model, s.skill_stack, s.day, s.source, s.earlier_node_ids,
+    row_number() OVER (PARTITION BY s.run_id ORDER BY s.start_ns, s.span_id) AS path_position
+FROM spans s
+WHERE s.tool_name IS NOT NULL AND (s.operation = 'execute_tool' OR s.node_kind = 'tool');
+"""
+
 MIGRATIONS: Final[tuple[tuple[str, str], ...]] = (
     ("0001_raw_tables", _RAW_TABLES),
     ("0002_views", _VIEWS),
+    ("0003_earlier_calls", _EARLIER_CALLS),
 )

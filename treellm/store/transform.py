@@ -90,7 +90,8 @@ _PROMOTED = """
     TRY_CAST(coalesce(a['gen_ai.usage.output_tokens'], a['gen_ai.usage.completion_tokens'],
                       a['llm.token_count.completion']) AS BIGINT) AS output_tokens,
     a['treellm.run.outcome'] AS outcome,
-    a['treellm.ingest.orphan_parent'] AS orphan_parent
+    a['treellm.ingest.orphan_parent'] AS orphan_parent,
+    treellm_list(a['treellm.tool.earlier_node_ids']) AS earlier_node_ids
 """
 
 
@@ -103,7 +104,7 @@ PROMOTED_KEYS: Final = (
     "treellm.node.parent_id", "treellm.node.status", "treellm.node.skill_stack", "treellm.skill.name",
     "treellm.tool.signature", "treellm.tool.ordinal", "treellm.tool.limit", "treellm.tool.limit_source",
     "treellm.tool.result_hash", "treellm.tool.attempts", "treellm.tool.shadow_caught",
-    "treellm.ingest.orphan_parent",
+    "treellm.ingest.orphan_parent", "treellm.tool.earlier_node_ids",
 )  # fmt: skip
 _PROMOTED_LIST = "[" + ", ".join(f"'{k}'" for k in PROMOTED_KEYS) + "]"
 

@@ -314,6 +314,8 @@ class TelemetryObserver:
             sc.TOOL_LIMIT_SOURCE: p.limit_source, sc.TOOL_SHADOW_CAUGHT: p.shadow_caught,
             sc.TOOL_ARGS_VALID: not isinstance(p.arguments, RawArguments),
         })  # fmt: skip
+        if p.earlier_node_ids:
+            attrs[sc.TOOL_EARLIER_NODE_IDS] = list(p.earlier_node_ids)
         arguments = self.capture.arguments(p.arguments)
         if arguments is not None:
             attrs[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = arguments

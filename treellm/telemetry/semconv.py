@@ -82,6 +82,7 @@ TOOL_RESULT_HASH: Final = "treellm.tool.result_hash"
 TOOL_ATTEMPTS: Final = "treellm.tool.attempts"
 TOOL_SHADOW_CAUGHT: Final = "treellm.tool.shadow_caught"
 TOOL_ARGS_VALID: Final = "treellm.tool.arguments_valid"
+TOOL_EARLIER_NODE_IDS: Final = "treellm.tool.earlier_node_ids"
 
 # -- treellm: collapse nodes -----------------------------------------------------------------
 COLLAPSE_COMPRESSED: Final = "treellm.collapse.compressed"
