@@ -1,0 +1,252 @@
+"""Report functions: ``(connection, filters) -> DataFrame``, each one SQL query over the store.
+
+Words mean what ``docs/architecture.md`` defines: an executed call is a tool span; a
+pruned call is a non-shadow ``loop:detected`` event; prune rate = pruned / (executed +
+pruned); an executed call with ordinal >= 2 is a repeat, **productive** when its result
+hash differs from every earlier identical call on its path (the calls its count counted),
+or the last of them failed while it succeeded, and **wasted** otherwise. A failed
+repeat is wasted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import duckdb
+import pandas as pd
+
+from treellm.analysis.filters import Filters
+
+__all__ = [
+    "CALLS_SQL",
+    "REPEATS_SQL",
+    "cost_by_tool",
+    "prune_rate_by_model",
+    "prune_rate_by_tool",
+    "repeat_outcome_by_tool",
+    "repeat_samples",
+    "runs_by_day",
+    "shape_by_run",
+    "shape_distribution",
+    "totals",
+]
+
+# Executed calls, straight from the spans table (the tool_calls view adds a window we do
+# not need here).
+CALLS_SQL = """
+SELECT run_id, coalesce(node_id, span_id) AS node_id, node_parent_id AS parent_id, tool_name AS tool, signature,
+       ordinal, limit_n AS "limit", limit_source, result_hash, coalesce(shadow_caught, false) AS shadow_caught,
+       CASE WHEN status_code = 2 OR node_status = 'failed' THEN 'failed' ELSE 'completed' END AS status,
+       arguments, result, start_ns, end_ns, end_ns - start_ns AS duration_ns, earlier_node_ids, trace_id, span_id
+FROM spans
+WHERE tool_name IS NOT NULL AND (operation = 'execute_tool' OR node_kind = 'tool') AND run_id IS NOT NULL
+"""
+
+# Every executed repeat (ordinal >= 2) with its outcome.
+REPEATS_SQL = f"""
+WITH calls AS ({CALLS_SQL}),
+picked AS (SELECT * FROM calls c WHERE {{where}}),
+reps AS (
+    SELECT p.*, from_json(coalesce(p.earlier_node_ids, '[]'), '["VARCHAR"]') AS earlier
+    FROM picked p WHERE p.ordinal >= 2
+),
+pairs AS (
+    SELECT r.run_id, r.node_id, e.result_hash AS e_hash, e.status AS e_status, e.node_id AS e_node,
+           list_position(r.earlier, u.eid) AS pos
+    FROM reps r CROSS JOIN unnest(r.earlier) AS u(eid)
+    JOIN calls e ON e.run_id = r.run_id AND e.node_id = u.eid
+),
+judged AS (
+    SELECT r.run_id, r.node_id, any_value(r.tool) AS tool, any_value(r.ordinal) AS ordinal,
+           any_value(r.status) AS status, any_value(r.shadow_caught) AS shadow_caught,
+           any_value(r.duration_ns) AS duration_ns, any_value(length(r.result)) AS result_chars,
+           any_value(r.start_ns) AS start_ns, any_value(r."limit") AS "limit",
+           coalesce(bool_and(p.e_hash IS DISTINCT FROM r.result_hash), true) AS all_differ,
+           arg_max(p.e_status, p.pos) AS last_status,
+           arg_max(p.e_node, p.pos) AS last_earlier,
+           arg_max(p.pos, p.pos) IS NOT NULL AS has_earlier
+    FROM reps r LEFT JOIN pairs p USING (run_id, node_id)
+    GROUP BY r.run_id, r.node_id
+)
+SELECT *, status = 'completed' AND (all_differ OR last_status = 'failed') AS productive FROM judged
+"""
+
+
+def _df(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> pd.DataFrame:
+    return con.execute(sql, params).df()
+
+
+def repeat_samples(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> pd.DataFrame:
+    """One row per executed repeat: run, node, tool, ordinal, status, productive, duration."""
+    where, params = (filters or Filters()).where("c")
+    return _df(con, REPEATS_SQL.format(where=where), params)
+
+
+def totals(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> dict[str, int]:
+    """Runs, executed calls and pruned calls in the filtered data."""
+    f = filters or Filters()
+    run_where, run_params = f.run_condition("r")
+    where, params = f.where("c")
+    loop_where, loop_params = f.where("l")
+    row = con.execute(
+        f"""
+        SELECT (SELECT count(*) FROM runs r WHERE {run_where}),
+               (SELECT count(*) FROM ({CALLS_SQL}) c WHERE {where}),
+               (SELECT count(*) FROM loop_events l WHERE NOT l.shadow AND {loop_where})
+        """,
+        [*run_params, *params, *loop_params],
+    ).fetchone()
+    runs, calls, pruned = row if row else (0, 0, 0)
+    return {"runs": int(runs), "tool_calls": int(calls), "pruned": int(pruned)}
+
+
+def prune_rate_by_tool(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> pd.DataFrame:
+    """Per tool: executed calls, pruned calls by action, shadow catches, prune rate."""
+    return _prune_rates(con, filters or Filters(), group=["tool"])
+
+
+def prune_rate_by_model(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> pd.DataFrame:
+    """The same as :func:`prune_rate_by_tool`, per agent, model and tool."""
+    return _prune_rates(con, filters or Filters(), group=["agent", "model", "tool"])
+
+
+def _prune_rates(con: duckdb.DuckDBPyConnection, f: Filters, *, group: list[str]) -> pd.DataFrame:
+    where, params = f.where("c")
+    loop_where, loop_params = f.where("l")
+    keys = ", ".join(group)
+    sql = f"""
+    WITH executed AS (
+        SELECT {", ".join(f"x.{g}" for g in group)}, count(*) AS calls,
+               count(*) FILTER (WHERE x.shadow_caught) AS shadow_catches
+        FROM (SELECT c.*, r.agent, r.model FROM ({CALLS_SQL}) c LEFT JOIN runs r USING (run_id) WHERE {where}) x
+        GROUP BY ALL
+    ),
+    pruned AS (
+        SELECT {", ".join(f"x.{g}" for g in group)},
+               count(*) FILTER (WHERE x.action = 'prune') AS pruned_prune,
+               count(*) FILTER (WHERE x.action = 'nudge') AS pruned_nudge,
+               count(*) FILTER (WHERE x.action = 'cache') AS pruned_cache
+        FROM (SELECT l.* EXCLUDE (model), r.agent, r.model FROM loop_events l LEFT JOIN runs r USING (run_id)
+              WHERE NOT l.shadow AND {loop_where}) x
+        GROUP BY ALL
+    )
+    SELECT {keys},
+           coalesce(e.calls, 0) AS calls,
+           coalesce(p.pruned_prune, 0) + coalesce(p.pruned_nudge, 0) + coalesce(p.pruned_cache, 0) AS pruned,
+           coalesce(p.pruned_prune, 0) AS pruned_prune, coalesce(p.pruned_nudge, 0) AS pruned_nudge,
+           coalesce(p.pruned_cache, 0) AS pruned_cache, coalesce(e.shadow_catches, 0) AS shadow_catches
+    FROM executed e FULL OUTER JOIN pruned p USING ({keys})
+    ORDER BY pruned DESC, calls DESC, {keys}
+    """
+    df = _df(con, sql, [*params, *loop_params])
+    total = df["calls"] + df["pruned"]
+    df["prune_rate"] = (df["pruned"] / total.where(total > 0)).fillna(0.0)
+    return df
+
+
+def repeat_outcome_by_tool(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> pd.DataFrame:
+    """Per tool and ordinal: executed repeats, productive, wasted (and failed among wasted)."""
+    samples = repeat_samples(con, filters)
+    if samples.empty:
+        return pd.DataFrame(columns=["tool", "ordinal", "repeats", "productive", "wasted", "failed"])
+    samples["wasted"] = ~samples["productive"]
+    samples["failed"] = samples["status"] == "failed"
+    out = (
+        samples.groupby(["tool", "ordinal"])
+        .agg(repeats=("node_id", "size"), productive=("productive", "sum"), wasted=("wasted", "sum"),
+             failed=("failed", "sum"))  # fmt: skip
+        .reset_index()
+        .sort_values(["tool", "ordinal"])
+    )
+    return out.reset_index(drop=True)
+
+
+def cost_by_tool(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> pd.DataFrame:
+    """Time and (estimated) tokens spent in wasted repeats, per tool.
+
+    Tokens are estimated as captured result characters / 4 (what the model had to read);
+    ``None`` when content capture was off.
+    """
+    samples = repeat_samples(con, filters)
+    wasted = samples[~samples["productive"]] if not samples.empty else samples
+    if wasted.empty:
+        return pd.DataFrame(columns=["tool", "wasted_repeats", "wasted_seconds", "wasted_tokens_est"])
+    out = (
+        wasted.groupby("tool")
+        .agg(wasted_repeats=("node_id", "size"), wasted_ns=("duration_ns", "sum"), chars=("result_chars", "sum"))
+        .reset_index()
+    )
+    out["wasted_seconds"] = out["wasted_ns"] / 1e9
+    out["wasted_tokens_est"] = (out["chars"] / 4).round().astype("Int64")
+    return out[["tool", "wasted_repeats", "wasted_seconds", "wasted_tokens_est"]].sort_values(
+        "wasted_repeats", ascending=False, ignore_index=True
+    )
+
+
+_SHAPE_SQL = """
+WITH picked AS (SELECT r.* FROM runs r WHERE {run_where}),
+n AS (SELECT nd.* FROM nodes nd SEMI JOIN picked USING (run_id)),
+children AS (SELECT run_id, parent_id, count(*) AS k FROM n WHERE parent_id IS NOT NULL GROUP BY ALL),
+leaves AS (
+    SELECT n.run_id, count(*) AS leaves FROM n
+    LEFT JOIN children c ON c.run_id = n.run_id AND c.parent_id = n.node_id
+    WHERE c.parent_id IS NULL GROUP BY n.run_id
+),
+breadth AS (
+    SELECT run_id, list(k ORDER BY depth) AS breadth_per_depth, max(k) AS max_breadth
+    FROM (SELECT run_id, depth, count(*) AS k FROM n WHERE kind = 'think' AND depth IS NOT NULL GROUP BY ALL)
+    GROUP BY run_id
+),
+fan AS (SELECT run_id, avg(k) AS branching_factor FROM children GROUP BY run_id)
+SELECT p.run_id, p.agent, p.service, p.model, p.start_ns, p.duration_ns, p.outcome,
+       p.nodes, p.think_nodes, p.tool_nodes, p.collapse_nodes, p.max_depth,
+       coalesce(b.max_breadth, 0) AS max_breadth, b.breadth_per_depth,
+       coalesce(f.branching_factor, 0) AS branching_factor, coalesce(l.leaves, 0) AS leaves,
+       p.pruned_calls, p.shadow_catches
+FROM picked p
+LEFT JOIN breadth b USING (run_id) LEFT JOIN fan f USING (run_id) LEFT JOIN leaves l USING (run_id)
+ORDER BY p.start_ns
+"""
+
+
+def shape_by_run(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> pd.DataFrame:
+    """Per run: nodes by kind, max depth, breadth per depth (ThinkNodes), branching factor
+    (mean children of a node with children), leaves, pruned calls, outcome."""
+    run_where, params = (filters or Filters()).run_condition("r")
+    return _df(con, _SHAPE_SQL.format(run_where=run_where), params)
+
+
+def shape_distribution(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> pd.DataFrame:
+    """Distributions across runs: count, mean and percentiles of each shape measure."""
+    shapes = shape_by_run(con, filters)
+    columns = ["nodes", "max_depth", "max_breadth", "branching_factor", "leaves", "pruned_calls"]
+    if shapes.empty:
+        return pd.DataFrame(columns=["measure", "runs", "mean", "p50", "p90", "max"])
+    rows = []
+    for column in columns:
+        values = shapes[column].astype(float)
+        rows.append({"measure": column, "runs": len(values), "mean": values.mean(), "p50": values.quantile(0.5),
+                     "p90": values.quantile(0.9), "max": values.max()})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def runs_by_day(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> pd.DataFrame:
+    """Per day: runs, executed calls, pruned calls, prune rate, wasted repeats (for charts over time)."""
+    f = filters or Filters()
+    run_where, params = f.run_condition("r")
+    df = _df(
+        con,
+        f"""SELECT r.day, count(*) AS runs, sum(r.tool_nodes) AS tool_calls, sum(r.pruned_calls) AS pruned
+            FROM runs r WHERE {run_where} GROUP BY r.day ORDER BY r.day""",
+        params,
+    )
+    samples = repeat_samples(con, f)
+    if not samples.empty:
+        days = con.execute("SELECT run_id, day FROM runs").df()
+        wasted = samples[~samples["productive"]].merge(days, on="run_id").groupby("day").size()
+        df["wasted"] = df["day"].map(wasted).fillna(0).astype(int)
+    else:
+        df["wasted"] = 0
+    total = df["tool_calls"] + df["pruned"]
+    df["prune_rate"] = (df["pruned"] / total.where(total > 0)).fillna(0.0)
+    return df

@@ -1,0 +1,258 @@
+"""What-if replay of limits and tuning candidates per tool, and the TOML limits file.
+
+- **loss** of a limit N for a tool = its productive repeats that N would prune (ordinal > N)
+  / all its productive repeats. The **recommended** limit is the smallest N >= 1 whose loss
+  stays within ``tolerance`` (default 5%).
+- **verdict**: ``insufficient_data`` (fewer than ``min_samples`` executed repeats), else
+  ``mutates`` (the repeats are productive after another tool's successful call and wasted
+  without it: that tool should be marked ``mutates``), else ``keep`` / ``raise`` / ``lower``
+  (recommended against current limit).
+- The what-if replay uses executed calls only: calls that a *lower* limit would prune are
+  known (shadow-mode runs record them too); calls that were pruned and a *higher* limit
+  would let run have no recorded outcome, and are counted apart as ``unknown``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import duckdb
+import pandas as pd
+import tomli_w
+
+from treellm.analysis.filters import Filters
+from treellm.analysis.metrics import CALLS_SQL, repeat_samples
+
+__all__ = ["limits_toml", "tuning_by_tool", "what_if_by_tool_limit", "wilson_interval"]
+
+DEFAULT_TOLERANCE = 0.05
+DEFAULT_MIN_SAMPLES = 10
+
+
+def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a proportion (95% by default)."""
+    if trials == 0:
+        return 0.0, 1.0
+    p = successes / trials
+    denominator = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denominator
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _current_limits(con: duckdb.DuckDBPyConnection, f: Filters) -> pd.DataFrame:
+    where, params = f.where("c")
+    return con.execute(
+        f"""SELECT c.tool, mode(c."limit") AS current_limit, mode(c.limit_source) AS limit_source,
+                   count(*) AS calls
+            FROM ({CALLS_SQL}) c WHERE {where} GROUP BY c.tool""",
+        params,
+    ).df()
+
+
+def _pruned_counts(con: duckdb.DuckDBPyConnection, f: Filters) -> pd.DataFrame:
+    where, params = f.where("l")
+    return con.execute(
+        f"""SELECT l.tool, l.count FROM loop_events l WHERE NOT l.shadow AND {where}""", params
+    ).df()
+
+
+def _turn_ends(con: duckdb.DuckDBPyConnection, f: Filters) -> pd.DataFrame:
+    """Each executed call with its turn (the ThinkNode that asked; a call alone when unknown)."""
+    where, params = f.where("c", tool_column=None)
+    return con.execute(
+        f"""SELECT c.run_id, coalesce(c.parent_id, c.node_id) AS turn, c.tool, c.ordinal
+            FROM ({CALLS_SQL}) c WHERE {where}""",
+        params,
+    ).df()
+
+
+def what_if_by_tool_limit(
+    con: duckdb.DuckDBPyConnection, filters: Filters | None = None, *, max_limit: int | None = None
+) -> pd.DataFrame:
+    """For each tool and limit L in 1..N: executed calls L would prune, split into wasted
+    (saved) and productive (lost), the branches that would end (turns whose every call L
+    prunes), and calls pruned in the data that L would let run (``unknown``: no outcome)."""
+    f = filters or Filters()
+    samples = repeat_samples(con, f)
+    limits = _current_limits(con, f)
+    pruned = _pruned_counts(con, f)
+    turns = _turn_ends(con, f)
+    rows: list[dict[str, Any]] = []
+    for tool in sorted(limits["tool"]):
+        current = limits.loc[limits["tool"] == tool, "current_limit"].iloc[0]
+        current = int(current) if pd.notna(current) else 1
+        mine = samples[samples["tool"] == tool] if not samples.empty else samples
+        top = max_limit or max(current + 2, int(mine["ordinal"].max()) if not mine.empty else 1, 3)
+        pruned_counts = pruned.loc[pruned["tool"] == tool, "count"]
+        tool_turns = turns[turns["run_id"].isin(turns.loc[turns["tool"] == tool, "run_id"])]
+        for limit in range(1, top + 1):
+            caught = mine[mine["ordinal"] > limit] if not mine.empty else mine
+            lost = int(caught["productive"].sum()) if not caught.empty else 0
+            ends = _branches_ended(tool_turns, tool, limit)
+            unknown = int((pruned_counts < limit).sum()) if limit > current else 0
+            rows.append(
+                {"tool": tool, "limit": limit, "current_limit": current, "would_prune": len(caught),
+                 "saved": len(caught) - lost, "lost": lost, "branches_ended": ends, "unknown": unknown,
+                 "note": (f"{unknown} call(s) pruned in the data would run at this limit: their outcome is unknown"
+                          if unknown else "")}
+            )  # fmt: skip
+    return pd.DataFrame(
+        rows,
+        columns=["tool", "limit", "current_limit", "would_prune", "saved", "lost", "branches_ended", "unknown", "note"],
+    )
+
+
+def _branches_ended(turns: pd.DataFrame, tool: str, limit: int) -> int:
+    if turns.empty:
+        return 0
+    prunes = (turns["tool"] == tool) & (turns["ordinal"].fillna(1) > limit)
+    per_turn = prunes.groupby([turns["run_id"], turns["turn"]]).all()
+    return int(per_turn.sum())
+
+
+def _intervening_tools(con: duckdb.DuckDBPyConnection, samples: pd.DataFrame) -> pd.Series:
+    """For each repeat: the other tools that succeeded between it and its last earlier twin."""
+    if samples.empty:
+        return pd.Series(dtype=object)
+    keys = samples[["run_id", "node_id", "last_earlier", "start_ns", "tool"]].dropna(subset=["last_earlier"])
+    con.register("treellm_repeat_keys", keys)
+    try:
+        found = con.execute(
+            f"""
+            WITH calls AS ({CALLS_SQL})
+            SELECT k.run_id, k.node_id, list(DISTINCT c.tool) AS tools
+            FROM treellm_repeat_keys k
+            JOIN calls e ON e.run_id = k.run_id AND e.node_id = k.last_earlier
+            JOIN calls c ON c.run_id = k.run_id AND c.start_ns > e.start_ns AND c.start_ns < k.start_ns
+                        AND c.tool <> k.tool AND c.status = 'completed'
+            GROUP BY k.run_id, k.node_id
+            """
+        ).df()
+    finally:
+        con.unregister("treellm_repeat_keys")
+    lookup = {(r, n): set(t) for r, n, t in found.itertuples(index=False)}
+    return pd.Series([lookup.get((r, n), set()) for r, n in zip(samples["run_id"], samples["node_id"], strict=True)],
+                     index=samples.index)  # fmt: skip
+
+
+def _mutating_cause(samples: pd.DataFrame, between: pd.Series) -> tuple[str, int, float, float] | None:
+    """(tool M, productive repeats after M, productive rate with M, without M) when M explains them."""
+    productive = samples["productive"]
+    if productive.sum() == 0:
+        return None
+    candidates = sorted({t for tools, p in zip(between, productive, strict=True) if p for t in tools})
+    best = None
+    for tool in candidates:
+        with_m = between.apply(lambda tools, tool=tool: tool in tools)
+        n_with, n_without = int(with_m.sum()), int((~with_m).sum())
+        rate_with = float(productive[with_m].mean()) if n_with else 0.0
+        rate_without = float(productive[~with_m].mean()) if n_without else 0.0
+        share = float(productive[with_m].sum() / productive.sum())
+        if rate_with >= 0.8 and share >= 0.95 and (n_without == 0 or rate_without <= 0.2):
+            score = (share, int(productive[with_m].sum()))
+            if best is None or score > best[0]:
+                best = (score, (tool, int(productive[with_m].sum()), rate_with, rate_without))
+    return best[1] if best else None
+
+
+def tuning_by_tool(
+    con: duckdb.DuckDBPyConnection,
+    filters: Filters | None = None,
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+    min_samples: int = DEFAULT_MIN_SAMPLES,
+) -> pd.DataFrame:
+    """Per tool: current and recommended limit, verdict, evidence and reason."""
+    f = filters or Filters()
+    samples = repeat_samples(con, f)
+    limits = _current_limits(con, f)
+    pruned = _pruned_counts(con, f)
+    rows: list[dict[str, Any]] = []
+    for item in limits.itertuples(index=False):
+        tool = str(item.tool)
+        current = int(item.current_limit) if pd.notna(item.current_limit) else 1
+        mine = samples[samples["tool"] == tool] if not samples.empty else samples
+        n = len(mine)
+        productive = int(mine["productive"].sum()) if n else 0
+        low, high = wilson_interval(productive, n)
+        pruned_here = int((pruned["tool"] == tool).sum())
+        recommended = _recommend(mine, tolerance)
+        saved = int(((~mine["productive"]) & (mine["ordinal"] > recommended)).sum()) if n else 0
+        tokens = mine.loc[(~mine["productive"]) & (mine["ordinal"] > recommended), "result_chars"].sum() if n else 0
+        verdict, reason, mutating = _verdict(con, mine, n, current, recommended, pruned_here, min_samples, tolerance)
+        if verdict in ("insufficient_data", "mutates"):
+            recommended = current
+        rows.append(
+            {"tool": tool, "current_max_repeats": current,
+             "limit_source": item.limit_source if isinstance(item.limit_source, str) else "default",
+             "recommended_max_repeats": recommended, "verdict": verdict, "samples": n, "productive": productive,
+             "productive_rate": productive / n if n else 0.0, "productive_rate_low": low, "productive_rate_high": high,
+             "calls": int(item.calls), "pruned": pruned_here, "calls_saved": saved,
+             "tokens_saved_est": int(tokens // 4) if tokens == tokens else 0, "mutating_tool": mutating,
+             "reason": reason}
+        )  # fmt: skip
+    return pd.DataFrame(rows).sort_values(["verdict", "tool"], ignore_index=True) if rows else pd.DataFrame()
+
+
+def _recommend(samples: pd.DataFrame, tolerance: float) -> int:
+    if samples.empty or samples["productive"].sum() == 0:
+        return 1
+    productive = samples.loc[samples["productive"], "ordinal"]
+    total = len(productive)
+    limit = 1
+    while (productive > limit).sum() / total > tolerance:
+        limit += 1
+    return limit
+
+
+def _verdict(
+    con: duckdb.DuckDBPyConnection,
+    samples: pd.DataFrame,
+    n: int,
+    current: int,
+    recommended: int,
+    pruned: int,
+    min_samples: int,
+    tolerance: float,
+) -> tuple[str, str, str | None]:
+    if n < min_samples:
+        advice = (
+            f"only {n} executed repeat(s) (need {min_samples}); {pruned} repeat(s) were pruned with no outcome: "
+            "collect more, for instance in shadow mode (TreeConfig(shadow=True)), which runs them and reports them"
+        )
+        return "insufficient_data", advice, None
+    cause = _mutating_cause(samples, _intervening_tools(con, samples))
+    if cause is not None:
+        tool, count, rate_with, rate_without = cause
+        return (
+            "mutates",
+            f"{count} repeat(s) were productive after a successful {tool} call ({rate_with:.0%} productive with it, "
+            f"{rate_without:.0%} without): mark {tool} as mutates=true instead of raising the limit",
+            tool,
+        )
+    productive = int(samples["productive"].sum())
+    share = f"{productive}/{n} repeats productive"
+    if recommended == current:
+        return "keep", f"{share}; limit {current} loses at most {tolerance:.0%} of the productive ones", None
+    if recommended > current:
+        lost = int((samples.loc[samples["productive"], "ordinal"] > current).sum())
+        return "raise", f"{share}; limit {current} would prune {lost} productive repeat(s): {recommended} keeps them", None
+    return "lower", f"{share}; repeats past {recommended} are wasted, limit {current} lets them run", None
+
+
+def limits_toml(tuning: pd.DataFrame, *, default_max_repeats: int | None = None) -> str:
+    """The TOML limits file (``TreeConfig.from_file`` / ``treellm run --limits``) of a tuning."""
+    tools: dict[str, dict[str, Any]] = {}
+    for row in tuning.itertuples(index=False):
+        if row.verdict in ("keep", "raise", "lower"):
+            tools.setdefault(str(row.tool), {})["max_repeats"] = int(row.recommended_max_repeats)
+        elif row.verdict == "mutates" and isinstance(row.mutating_tool, str):
+            tools.setdefault(row.mutating_tool, {})["mutates"] = True
+    document: dict[str, Any] = {}
+    if default_max_repeats is not None:
+        document["defaults"] = {"max_repeats_per_signature": default_max_repeats}
+    document["tools"] = dict(sorted(tools.items()))
+    header = "# Per-tool limits tuned from data by `treellm tune` (limits file > Tool(max_repeats) > default).\n"
+    return header + tomli_w.dumps(document)
