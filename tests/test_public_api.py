@@ -9,6 +9,38 @@ import pytest
 import treellm
 
 PUBLIC = {
+    "treellm.analysis": {
+        "Filters",
+        "classify_pair",
+        "cost_by_tool",
+        "limits_toml",
+        "near_repeat_pairs",
+        "near_repeats_by_tool",
+        "prune_rate_by_model",
+        "prune_rate_by_tool",
+        "repeat_outcome_by_tool",
+        "repeat_samples",
+        "report",
+        "runs_by_day",
+        "shape_by_run",
+        "shape_distribution",
+        "totals",
+        "tune",
+        "tuning_by_tool",
+        "what_if_by_tool_limit",
+        "wilson_interval",
+    },
+    "treellm.simulate": {
+        "PERSONAS",
+        "PLANTED",
+        "Persona",
+        "PlantedTool",
+        "SimulationReport",
+        "Verdict",
+        "iter_runs",
+        "sample_traces_dir",
+        "simulate",
+    },
     "treellm.store": {
         "BadRecord",
         "DuckDBSpanExporter",

@@ -180,58 +180,89 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="treellm",
-        description="Path-local loop detection, tracing and analysis for tree-shaped LLM agents.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=f"treellm {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+def _reader(args: argparse.Namespace) -> Any:
+    from treellm.store.connection import open_parquet, open_store
 
-    sign = sub.add_parser(
-        "sign",
-        help="print the tree-llm signature and canonical JSON of a tool call",
-        description="Print the tree-llm compatible signature of one tool call.",
-        epilog='example:\n  treellm sign search \'{"query": "loop detection", "limit": 10}\'',
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sign.add_argument("tool", help="tool name")
-    sign.add_argument("arguments", help="the call's arguments as the model sent them (JSON text)")
-    sign.set_defaults(func=_cmd_sign)
+    if args.parquet:
+        return open_parquet(args.parquet)
+    return open_store(_db(args), read_only=True)
 
-    run = sub.add_parser(
-        "run",
-        help="run a real agent against an OpenAI-compatible endpoint with safe read-only tools",
-        description=(
-            "Run TASK with a model behind an OpenAI-compatible Chat Completions endpoint (OpenAI, Gemini, "
-            "Ollama, vLLM), with read-only tools under --root: read_file, list_dir, search_text, "
-            "current_time. The live log and the tree go to stderr, the answer to stdout."
-        ),
-        epilog=(
-            "example:\n  treellm run --base-url http://localhost:11434/v1 --model qwen2.5 --root . "
-            "'What does this project do?'"
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    run.add_argument("task", help="what the agent should do")
-    run.add_argument("--base-url", help="the endpoint, e.g. https://api.openai.com/v1 (env TREELLM_BASE_URL)")
-    run.add_argument("--model", help="the model name (env TREELLM_MODEL)")
-    run.add_argument(
-        "--api-key-env",
-        default="OPENAI_API_KEY",
-        help="environment variable holding the API key (default %(default)s)",
-    )
-    run.add_argument("--root", default=".", help="the folder the tools may read (default: the current folder)")
-    run.add_argument("--limits", help="a TOML limits file, as `treellm tune` writes it")
-    run.add_argument("--branching", choices=["collapse", "fork"], help="how the tree continues after tool calls")
-    run.add_argument("--node-budget", type=int, help="most nodes the run may create")
-    run.add_argument("--shadow", action="store_true", help="run every call; only report would-be loops")
-    run.add_argument("--timeout", type=float, default=60.0, help="seconds per request read (default %(default)s)")
-    run.add_argument("--name", default="agent", help="the agent's name in traces (default %(default)s)")
-    run.add_argument("--trace", metavar="FILE.jsonl", help="append the run's spans to an OTLP JSONL file")
-    run.set_defaults(func=_cmd_run)
 
+def _filters(args: argparse.Namespace) -> Any:
+    import datetime as dt
+
+    from treellm.analysis.filters import Filters
+
+    def moment(text: str | None) -> dt.datetime | None:
+        if text is None:
+            return None
+        try:
+            return dt.datetime.fromisoformat(text)
+        except ValueError as exc:
+            raise ConfigError(
+                f"expected an ISO date or time such as 2026-11-30 or 2026-11-30T12:00, got {text!r}"
+            ) from exc
+
+    return Filters(moment(args.since), moment(args.until), args.service, args.agent, args.model, args.tool)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from treellm.analysis.report import report
+
+    con = _reader(args)
+    try:
+        data = report(con, _filters(args))
+    finally:
+        con.close()
+    if args.format == "json":
+        print(json.dumps(data))
+        return 0
+    from rich.table import Table
+
+    table = Table(title=f"{data['runs']} runs, {data['tool_calls']} tool calls, {data['pruned']} pruned")
+    columns = ["tool", "calls", "pruned", "prune_rate", "exact_repeats", "productive_repeats", "wasted_repeats",
+               "near_repeats"]  # fmt: skip
+    for column in columns:
+        table.add_column(column.replace("_", " "), justify="left" if column == "tool" else "right", no_wrap=True)
+    for item in data["tools"]:
+        table.add_row(*[f"{item[c]:.1%}" if c == "prune_rate" else str(item[c]) for c in columns])
+    from rich.console import Console
+
+    Console(width=max(120, _console(stderr=False).width)).print(table)
+    return 0
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from treellm.analysis.tuning import limits_toml, tuning_by_tool
+
+    con = _reader(args)
+    try:
+        if args.format == "toml":
+            frame = tuning_by_tool(con, _filters(args), tolerance=args.tolerance, min_samples=args.min_samples)
+            print(limits_toml(frame), end="")
+            return 0
+        from treellm.analysis.report import tune
+
+        print(json.dumps(tune(con, _filters(args), tolerance=args.tolerance, min_samples=args.min_samples)))
+    finally:
+        con.close()
+    return 0
+
+
+def _add_reader_options(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--db", help="the store (default $TREELLM_DB or ./treellm.duckdb)")
+    source.add_argument("--parquet", nargs="+", metavar="DIR", help="read `treellm export` folders instead")
+    parser.add_argument("--since", help="runs that started at or after this ISO date/time")
+    parser.add_argument("--until", help="runs that started before this ISO date/time")
+    parser.add_argument("--service", help="only this service")
+    parser.add_argument("--agent", help="only this agent")
+    parser.add_argument("--model", help="only this model")
+    parser.add_argument("--tool", help="only this tool")
+
+
+def _add_data_commands(sub: Any) -> None:
+    """ingest, export, gc, simulate, report and tune."""
     ingest = sub.add_parser(
         "ingest",
         help="ingest trace files (OTLP JSON lines or document, OTLP protobuf, SDK span JSON, chat trajectories)",
@@ -306,6 +337,89 @@ def build_parser() -> argparse.ArgumentParser:
         help="write one small named scenario instead of persona runs",
     )
     simulate.set_defaults(func=_cmd_simulate)
+
+    report = sub.add_parser(
+        "report",
+        help="per-tool calls, prunes, exact, productive, wasted and near repeats",
+        description="Report runs, tool calls and prunes, and per tool: prune rate and repeat outcomes.",
+        epilog="example:\n  treellm report --db runs.duckdb --service coding-agent --format json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_reader_options(report)
+    report.add_argument("--format", choices=["table", "json"], default="table", help="output (default %(default)s)")
+    report.set_defaults(func=_cmd_report)
+
+    tune = sub.add_parser(
+        "tune",
+        help="recommend each tool's max_repeats from the data (keep, raise, lower, mutates, insufficient_data)",
+        description=(
+            "Recommend each tool's limit: the smallest max_repeats whose loss of productive repeats stays "
+            "within --tolerance. --format toml prints the limits file that TreeConfig.from_file and "
+            "`treellm run --limits` load."
+        ),
+        epilog="example:\n  treellm tune --db runs.duckdb --format toml > limits.toml",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_reader_options(tune)
+    tune.add_argument("--format", choices=["json", "toml"], default="json", help="output (default %(default)s)")
+    tune.add_argument("--tolerance", type=float, default=0.05, help="acceptable loss (default %(default)s)")
+    tune.add_argument("--min-samples", type=int, default=10, help="repeats needed for a verdict (default %(default)s)")
+    tune.set_defaults(func=_cmd_tune)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="treellm",
+        description="Path-local loop detection, tracing and analysis for tree-shaped LLM agents.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"treellm {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    sign = sub.add_parser(
+        "sign",
+        help="print the tree-llm signature and canonical JSON of a tool call",
+        description="Print the tree-llm compatible signature of one tool call.",
+        epilog='example:\n  treellm sign search \'{"query": "loop detection", "limit": 10}\'',
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sign.add_argument("tool", help="tool name")
+    sign.add_argument("arguments", help="the call's arguments as the model sent them (JSON text)")
+    sign.set_defaults(func=_cmd_sign)
+
+    run = sub.add_parser(
+        "run",
+        help="run a real agent against an OpenAI-compatible endpoint with safe read-only tools",
+        description=(
+            "Run TASK with a model behind an OpenAI-compatible Chat Completions endpoint (OpenAI, Gemini, "
+            "Ollama, vLLM), with read-only tools under --root: read_file, list_dir, search_text, "
+            "current_time. The live log and the tree go to stderr, the answer to stdout."
+        ),
+        epilog=(
+            "example:\n  treellm run --base-url http://localhost:11434/v1 --model qwen2.5 --root . "
+            "'What does this project do?'"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("task", help="what the agent should do")
+    run.add_argument("--base-url", help="the endpoint, e.g. https://api.openai.com/v1 (env TREELLM_BASE_URL)")
+    run.add_argument("--model", help="the model name (env TREELLM_MODEL)")
+    run.add_argument(
+        "--api-key-env",
+        default="OPENAI_API_KEY",
+        help="environment variable holding the API key (default %(default)s)",
+    )
+    run.add_argument("--root", default=".", help="the folder the tools may read (default: the current folder)")
+    run.add_argument("--limits", help="a TOML limits file, as `treellm tune` writes it")
+    run.add_argument("--branching", choices=["collapse", "fork"], help="how the tree continues after tool calls")
+    run.add_argument("--node-budget", type=int, help="most nodes the run may create")
+    run.add_argument("--shadow", action="store_true", help="run every call; only report would-be loops")
+    run.add_argument("--timeout", type=float, default=60.0, help="seconds per request read (default %(default)s)")
+    run.add_argument("--name", default="agent", help="the agent's name in traces (default %(default)s)")
+    run.add_argument("--trace", metavar="FILE.jsonl", help="append the run's spans to an OTLP JSONL file")
+    run.set_defaults(func=_cmd_run)
+
+    _add_data_commands(sub)
 
     demo = sub.add_parser(
         "demo",

@@ -1,6 +1,45 @@
-"""Analysis of stored runs: ``(connection, filters) -> DataFrame`` functions.
+"""Analysis of stored runs: ``(connection, filters) -> DataFrame`` functions named
+``<metric>_by_<grain>``.
 
-Shapes, prune rates, repeat outcomes, what-if replay of limits, tuning candidates and
-near repeats. Pure SQL/pandas over a store connection (``treellm.store.open_store`` or
-``open_parquet``); never imports the engine or streamlit.
+Shapes, prune rates, repeat outcomes (productive or wasted), what-if replay of limits,
+tuning verdicts and near repeats, over a store connection (``treellm.store.open_store``
+or ``open_parquet``). Never imports the engine or streamlit.
 """
+
+from treellm.analysis.filters import Filters
+from treellm.analysis.metrics import (
+    cost_by_tool,
+    prune_rate_by_model,
+    prune_rate_by_tool,
+    repeat_outcome_by_tool,
+    repeat_samples,
+    runs_by_day,
+    shape_by_run,
+    shape_distribution,
+    totals,
+)
+from treellm.analysis.near import classify_pair, near_repeat_pairs, near_repeats_by_tool
+from treellm.analysis.report import report, tune
+from treellm.analysis.tuning import limits_toml, tuning_by_tool, what_if_by_tool_limit, wilson_interval
+
+__all__ = [
+    "Filters",
+    "classify_pair",
+    "cost_by_tool",
+    "limits_toml",
+    "near_repeat_pairs",
+    "near_repeats_by_tool",
+    "prune_rate_by_model",
+    "prune_rate_by_tool",
+    "repeat_outcome_by_tool",
+    "repeat_samples",
+    "report",
+    "runs_by_day",
+    "shape_by_run",
+    "shape_distribution",
+    "totals",
+    "tune",
+    "tuning_by_tool",
+    "what_if_by_tool_limit",
+    "wilson_interval",
+]

@@ -153,8 +153,12 @@ def repeat_outcome_by_tool(con: duckdb.DuckDBPyConnection, filters: Filters | No
     samples["failed"] = samples["status"] == "failed"
     out = (
         samples.groupby(["tool", "ordinal"])
-        .agg(repeats=("node_id", "size"), productive=("productive", "sum"), wasted=("wasted", "sum"),
-             failed=("failed", "sum"))  # fmt: skip
+        .agg(
+            repeats=("node_id", "size"),
+            productive=("productive", "sum"),
+            wasted=("wasted", "sum"),
+            failed=("failed", "sum"),
+        )
         .reset_index()
         .sort_values(["tool", "ordinal"])
     )

@@ -53,9 +53,7 @@ def _current_limits(con: duckdb.DuckDBPyConnection, f: Filters) -> pd.DataFrame:
 
 def _pruned_counts(con: duckdb.DuckDBPyConnection, f: Filters) -> pd.DataFrame:
     where, params = f.where("l")
-    return con.execute(
-        f"""SELECT l.tool, l.count FROM loop_events l WHERE NOT l.shadow AND {where}""", params
-    ).df()
+    return con.execute(f"""SELECT l.tool, l.count FROM loop_events l WHERE NOT l.shadow AND {where}""", params).df()
 
 
 def _turn_ends(con: duckdb.DuckDBPyConnection, f: Filters) -> pd.DataFrame:
@@ -170,6 +168,7 @@ def tuning_by_tool(
     limits = _current_limits(con, f)
     pruned = _pruned_counts(con, f)
     rows: list[dict[str, Any]] = []
+    item: Any
     for item in limits.itertuples(index=False):
         tool = str(item.tool)
         current = int(item.current_limit) if pd.notna(item.current_limit) else 1
@@ -180,8 +179,17 @@ def tuning_by_tool(
         pruned_here = int((pruned["tool"] == tool).sum())
         recommended = _recommend(mine, tolerance)
         saved = int(((~mine["productive"]) & (mine["ordinal"] > recommended)).sum()) if n else 0
-        tokens = mine.loc[(~mine["productive"]) & (mine["ordinal"] > recommended), "result_chars"].sum() if n else 0
-        verdict, reason, mutating = _verdict(con, mine, n, current, recommended, pruned_here, min_samples, tolerance)
+        tokens: Any = mine.loc[(~mine["productive"]) & (mine["ordinal"] > recommended), "result_chars"].sum() if n else 0
+        verdict, reason, mutating = _verdict(
+            con,
+            mine,
+            n=n,
+            current=current,
+            recommended=recommended,
+            pruned=pruned_here,
+            min_samples=min_samples,
+            tolerance=tolerance,
+        )
         if verdict in ("insufficient_data", "mutates"):
             recommended = current
         rows.append(
@@ -190,7 +198,7 @@ def tuning_by_tool(
              "recommended_max_repeats": recommended, "verdict": verdict, "samples": n, "productive": productive,
              "productive_rate": productive / n if n else 0.0, "productive_rate_low": low, "productive_rate_high": high,
              "calls": int(item.calls), "pruned": pruned_here, "calls_saved": saved,
-             "tokens_saved_est": int(tokens // 4) if tokens == tokens else 0, "mutating_tool": mutating,
+             "tokens_saved_est": int(tokens // 4) if pd.notna(tokens) else 0, "mutating_tool": mutating,
              "reason": reason}
         )  # fmt: skip
     return pd.DataFrame(rows).sort_values(["verdict", "tool"], ignore_index=True) if rows else pd.DataFrame()
@@ -210,6 +218,7 @@ def _recommend(samples: pd.DataFrame, tolerance: float) -> int:
 def _verdict(
     con: duckdb.DuckDBPyConnection,
     samples: pd.DataFrame,
+    *,
     n: int,
     current: int,
     recommended: int,
@@ -238,13 +247,18 @@ def _verdict(
         return "keep", f"{share}; limit {current} loses at most {tolerance:.0%} of the productive ones", None
     if recommended > current:
         lost = int((samples.loc[samples["productive"], "ordinal"] > current).sum())
-        return "raise", f"{share}; limit {current} would prune {lost} productive repeat(s): {recommended} keeps them", None
+        return (
+            "raise",
+            f"{share}; limit {current} would prune {lost} productive repeat(s): {recommended} keeps them",
+            None,
+        )
     return "lower", f"{share}; repeats past {recommended} are wasted, limit {current} lets them run", None
 
 
 def limits_toml(tuning: pd.DataFrame, *, default_max_repeats: int | None = None) -> str:
     """The TOML limits file (``TreeConfig.from_file`` / ``treellm run --limits``) of a tuning."""
     tools: dict[str, dict[str, Any]] = {}
+    row: Any
     for row in tuning.itertuples(index=False):
         if row.verdict in ("keep", "raise", "lower"):
             tools.setdefault(str(row.tool), {})["max_repeats"] = int(row.recommended_max_repeats)

@@ -1,0 +1,254 @@
+"""Analysis and tuning: planted verdicts recovered, real repeats counted, what-if and mutates pinned."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from treellm import ModelTurn, OTLPJsonlSpanExporter, ScriptedModel, Tool, ToolCall, TreeConfig, TreeExecutor
+from treellm.analysis import (
+    Filters,
+    classify_pair,
+    cost_by_tool,
+    limits_toml,
+    near_repeats_by_tool,
+    prune_rate_by_model,
+    prune_rate_by_tool,
+    repeat_outcome_by_tool,
+    report,
+    shape_by_run,
+    shape_distribution,
+    tuning_by_tool,
+    what_if_by_tool_limit,
+    wilson_interval,
+)
+from treellm.signature import canonical_json, parse_arguments
+from treellm.simulate import PLANTED
+from treellm.store import export_parquet, ingest, open_parquet, open_store
+
+ROOT = Path(__file__).resolve().parent.parent
+DAY = ROOT / "sample_traces" / "production_day.jsonl"
+TAU = ROOT / "tests" / "data" / "external" / "tau-bench-gpt-4o-airline-excerpt.json"
+
+
+@pytest.fixture(scope="module")
+def day_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    db = tmp_path_factory.mktemp("day") / "day.duckdb"
+    ingest(db, [DAY])
+    return db
+
+
+@pytest.fixture
+def day(day_store: Path) -> Iterator[duckdb.DuckDBPyConnection]:
+    con = open_store(day_store, read_only=True)
+    yield con
+    con.close()
+
+
+def test_the_tuning_recovers_every_planted_verdict(day: duckdb.DuckDBPyConnection) -> None:
+    tuning = tuning_by_tool(day).set_index("tool")
+    for planted in PLANTED:
+        row = tuning.loc[planted.tool]
+        assert row["verdict"] == planted.verdict, (planted.tool, row["reason"])
+        assert row["current_max_repeats"] == planted.current_limit, planted.tool
+    assert tuning.loc["run_tests", "mutating_tool"] == "edit_file"
+    assert tuning.loc["fetch_url", "recommended_max_repeats"] > 1
+    assert tuning.loc["check_job_status", "recommended_max_repeats"] > 1
+    assert tuning.loc["grep", "recommended_max_repeats"] == 1
+    assert "shadow mode" in tuning.loc["list_dir", "reason"]
+
+
+def test_the_limits_file_loads_into_tree_config(day: duckdb.DuckDBPyConnection, tmp_path: Path) -> None:
+    path = tmp_path / "limits.toml"
+    path.write_text(limits_toml(tuning_by_tool(day)), encoding="utf-8")
+    config = TreeConfig.from_file(path)
+    assert config.tool_limits["grep"].max_repeats == 1
+    assert config.tool_limits["fetch_url"].max_repeats == 4
+    assert config.tool_limits["edit_file"].mutates is True
+    assert "run_tests" not in config.tool_limits
+
+
+def test_prune_rates_add_up(day: duckdb.DuckDBPyConnection) -> None:
+    rates = prune_rate_by_tool(day).set_index("tool")
+    summary = report(day)
+    assert rates["calls"].sum() == summary["tool_calls"] and rates["pruned"].sum() == summary["pruned"]
+    row = rates.loc["fetch_url"]
+    assert row["prune_rate"] == pytest.approx(row["pruned"] / (row["calls"] + row["pruned"]))
+    assert row["shadow_catches"] > 0 and row["pruned_prune"] == row["pruned"]
+    by_model = prune_rate_by_model(day)
+    assert set(by_model["model"]) == {"sim-coder-1", "sim-research-1", "sim-ops-1"}
+    assert by_model["pruned"].sum() == summary["pruned"]
+
+
+def test_repeat_outcomes_split_productive_and_wasted_by_ordinal(day: duckdb.DuckDBPyConnection) -> None:
+    outcomes = repeat_outcome_by_tool(day)
+    run_tests = outcomes[outcomes["tool"] == "run_tests"]
+    assert list(run_tests["ordinal"]) == [2] and run_tests["wasted"].sum() == 0
+    grep = outcomes[outcomes["tool"] == "grep"]
+    assert grep["productive"].sum() == 0 and grep["repeats"].sum() == grep["wasted"].sum() > 0
+    fetch = outcomes[outcomes["tool"] == "fetch_url"]
+    assert fetch["failed"].sum() > 0 and fetch["productive"].sum() > 0  # retries after a 503
+    cost = cost_by_tool(day).set_index("tool")
+    assert cost.loc["grep", "wasted_repeats"] == grep["wasted"].sum() and cost.loc["grep", "wasted_seconds"] > 0
+
+
+def test_shapes_per_run_and_their_distribution(day: duckdb.DuckDBPyConnection) -> None:
+    shapes = shape_by_run(day)
+    assert len(shapes) == 300
+    first = shapes.iloc[0]
+    assert first["nodes"] == first["think_nodes"] + first["tool_nodes"] + first["collapse_nodes"]
+    assert first["leaves"] >= 1 and len(first["breadth_per_depth"]) == first["max_depth"] + 1
+    forked = shapes[shapes["max_breadth"] > 1]
+    assert not forked.empty and (forked["agent"] == "researcher").all()
+    dist = shape_distribution(day).set_index("measure")
+    assert dist.loc["nodes", "runs"] == 300 and dist.loc["nodes", "max"] >= dist.loc["nodes", "p90"]
+
+
+def test_filters_select_runs_and_tools(day: duckdb.DuckDBPyConnection) -> None:
+    ops = report(day, Filters(service="ops-agent"))
+    assert ops["runs"] == 100
+    assert {t["tool"] for t in ops["tools"]} == {"check_job_status", "get_metrics", "restart_service"}
+    only = report(day, Filters(tool="grep"))
+    assert [t["tool"] for t in only["tools"]] == ["grep"]
+    import datetime as dt
+
+    late = report(day, Filters(since=dt.datetime(2026, 11, 30, 12, tzinfo=dt.UTC)))
+    assert 140 <= late["runs"] <= 160
+
+
+def test_paging_is_told_apart_from_near_repeats(day: duckdb.DuckDBPyConnection) -> None:
+    assert classify_pair({"path": "a", "offset": 1, "limit": 50}, {"path": "a", "offset": 51, "limit": 50}) == "paging"
+    assert classify_pair({"q": "x", "limit": 9}, {"q": "x", "limit": 10}) == "number_step"
+    assert classify_pair({"query": "Loop detection!"}, {"query": "loop  detection"}) == "string_similar"
+    assert classify_pair({"q": "x"}, {"q": "x", "lang": "en"}) == "key_added"
+    assert classify_pair({"q": "x", "lang": "en"}, {"q": "x"}) == "key_dropped"
+    assert classify_pair({"q": "cats"}, {"q": "quantum physics"}) is None
+    near = near_repeats_by_tool(day).set_index("tool")
+    assert near.loc["read_file", "paging"] > 0 and near.loc["read_file", "near_repeats"] == 0
+    assert near.loc["web_search", "number_step"] > 0 and near.loc["grep", "string_similar"] > 0
+    assert "limit" in near.loc["web_search", "examples"][0]
+
+
+def record(tmp_path: Path, turns: list[ModelTurn], config: TreeConfig, tools: list[Tool]) -> duckdb.DuckDBPyConnection:
+    path = tmp_path / "run.jsonl"
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(OTLPJsonlSpanExporter(path)))
+    TreeExecutor(ScriptedModel(turns), tools, config, tracer_provider=provider).run("t")
+    provider.shutdown()
+    db = tmp_path / "run.duckdb"
+    ingest(db, [path])
+    return open_store(db, read_only=True)
+
+
+async def same(args: dict[str, Any]) -> str:
+    return "the same result"
+
+
+def test_what_if_counts_the_branches_a_lower_limit_would_end(tmp_path: Path) -> None:
+    turns = [
+        ModelTurn(tool_calls=[ToolCall("search", {"q": "x"})]),
+        ModelTurn(tool_calls=[ToolCall("search", {"q": "x"})]),  # a turn of repeats only: ends at limit 1
+        ModelTurn(tool_calls=[ToolCall("search", {"q": "x"}), ToolCall("fetch", {"u": 1})]),  # fetch keeps it alive
+        ModelTurn(text="done"),
+    ]
+    tools = [Tool("search", "s", handler=same), Tool("fetch", "f", handler=same)]
+    con = record(tmp_path, turns, TreeConfig(shadow=True), tools)
+    table = what_if_by_tool_limit(con).set_index(["tool", "limit"])
+    assert table.loc[("search", 1), ["would_prune", "saved", "lost", "branches_ended"]].tolist() == [2, 2, 0, 1]
+    assert table.loc[("search", 2), ["would_prune", "branches_ended"]].tolist() == [1, 0]
+    assert table.loc[("search", 3), ["would_prune", "branches_ended", "unknown"]].tolist() == [0, 0, 0]
+    con.close()
+
+
+def test_what_if_says_when_a_higher_limit_cannot_be_judged(day: duckdb.DuckDBPyConnection) -> None:
+    table = what_if_by_tool_limit(day).set_index(["tool", "limit"])
+    assert table.loc[("fetch_url", 1), "unknown"] == 0
+    raised = table.loc[("fetch_url", 2)]
+    assert raised["unknown"] > 0 and "outcome is unknown" in raised["note"]
+
+
+def test_a_mutating_tool_is_found_from_the_calls_between_repeats(tmp_path: Path) -> None:
+    state = {"edits": 0}
+
+    async def edit(args: dict[str, Any]) -> str:
+        state["edits"] += 1
+        return "edited"
+
+    async def tests(args: dict[str, Any]) -> str:
+        return f"{state['edits']} edits: {'pass' if state['edits'] else 'fail'} #{state['edits']}"
+
+    turns: list[ModelTurn] = []
+    for _ in range(12):
+        turns += [ModelTurn(tool_calls=[ToolCall("run_tests", {})]), ModelTurn(tool_calls=[ToolCall("edit", {})])]
+    turns.append(ModelTurn(text="done"))
+    tools = [Tool("run_tests", "t", handler=tests, max_repeats=20), Tool("edit", "e", handler=edit, max_repeats=20)]
+    con = record(tmp_path, turns, TreeConfig(depth_limit=60, node_budget=200), tools)
+    tuning = tuning_by_tool(con).set_index("tool")
+    assert tuning.loc["run_tests", "verdict"] == "mutates"
+    assert tuning.loc["run_tests", "mutating_tool"] == "edit"
+    assert "mark edit as mutates=true" in tuning.loc["run_tests", "reason"]
+    con.close()
+
+
+def tau_exact_repeats() -> tuple[int, int, int]:
+    runs = json.loads(TAU.read_text(encoding="utf-8"))
+    calls = repeats = 0
+    for run in runs:
+        seen: list[tuple[str, str]] = []
+        for message in run["traj"]:
+            for call in message.get("tool_calls") or []:
+                key = (call["function"]["name"], canonical_json(parse_arguments(call["function"]["arguments"])))
+                calls += 1
+                repeats += key in seen
+                seen.append(key)
+    return len(runs), calls, repeats
+
+
+def test_the_report_on_real_trajectories_counts_their_exact_repeats(tmp_path: Path) -> None:
+    db = tmp_path / "tau.duckdb"
+    ingest(db, [TAU])
+    con = open_store(db, read_only=True)
+    data = report(con)
+    runs, calls, repeats = tau_exact_repeats()
+    assert (data["runs"], data["tool_calls"], data["pruned"]) == (runs, calls, 0)
+    assert sum(t["exact_repeats"] for t in data["tools"]) == repeats == 9
+    assert sum(t["productive_repeats"] + t["wasted_repeats"] for t in data["tools"]) == repeats
+    con.close()
+
+
+def test_wilson_interval() -> None:
+    low, high = wilson_interval(15, 22)
+    assert 0.47 < low < 0.5 and 0.83 < high < 0.87
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_cli_report_and_tune_print_the_documented_json(day_store: Path, tmp_path: Path) -> None:
+    def cli(*args: str) -> Any:
+        result = subprocess.run([sys.executable, "-m", "treellm", *args], capture_output=True, text=True, check=False)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    data = json.loads(cli("report", "--db", str(day_store), "--format", "json"))
+    assert set(data) == {"runs", "tool_calls", "pruned", "tools"}
+    assert set(data["tools"][0]) == {"tool", "calls", "pruned", "prune_rate", "exact_repeats", "productive_repeats",
+                                     "wasted_repeats", "near_repeats"}  # fmt: skip
+    tuned = json.loads(cli("tune", "--db", str(day_store), "--format", "json", "--tolerance", "0.05"))
+    assert {"tool", "current_max_repeats", "recommended_max_repeats", "verdict", "samples", "productive_rate",
+            "reason"} <= set(tuned["tools"][0])  # fmt: skip
+    toml = cli("tune", "--db", str(day_store), "--format", "toml")
+    (tmp_path / "limits.toml").write_text(toml, encoding="utf-8")
+    assert TreeConfig.from_file(tmp_path / "limits.toml").tool_limits["grep"].max_repeats == 1
+    export_parquet(day_store, tmp_path / "pq")
+    assert json.loads(cli("report", "--parquet", str(tmp_path / "pq"), "--format", "json")) == data
+    con = open_parquet([tmp_path / "pq"])
+    assert report(con) == data
+    con.close()

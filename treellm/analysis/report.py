@@ -1,0 +1,63 @@
+"""The whole report and the whole tuning as plain data (what ``treellm report`` and
+``treellm tune`` print), assembled from the ``*_by_*`` functions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import duckdb
+
+from treellm.analysis.filters import Filters
+from treellm.analysis.metrics import prune_rate_by_tool, repeat_outcome_by_tool, totals
+from treellm.analysis.near import near_repeats_by_tool
+from treellm.analysis.tuning import DEFAULT_MIN_SAMPLES, DEFAULT_TOLERANCE, tuning_by_tool
+
+__all__ = ["report", "tune"]
+
+
+def report(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> dict[str, Any]:
+    """``{"runs", "tool_calls", "pruned", "tools": [...]}``, one item per tool with ``calls``,
+    ``pruned``, ``prune_rate``, ``exact_repeats``, ``productive_repeats``, ``wasted_repeats``,
+    ``near_repeats``."""
+    f = filters or Filters()
+    out: dict[str, Any] = totals(con, f)
+    rates: dict[Any, dict[Any, Any]] = prune_rate_by_tool(con, f).set_index("tool").to_dict("index")
+    repeats: dict[Any, dict[Any, Any]] = (
+        repeat_outcome_by_tool(con, f).groupby("tool")[["repeats", "productive", "wasted"]].sum().to_dict("index")
+    )
+    near: dict[Any, dict[Any, Any]] = near_repeats_by_tool(con, f).set_index("tool").to_dict("index")
+    none = {"repeats": 0, "productive": 0, "wasted": 0}
+    tools = []
+    for tool, r in rates.items():
+        rep = repeats.get(tool, none)
+        tools.append(
+            {"tool": str(tool), "calls": int(r["calls"]), "pruned": int(r["pruned"]),
+             "prune_rate": round(float(r["prune_rate"]), 4), "exact_repeats": int(rep["repeats"]),
+             "productive_repeats": int(rep["productive"]), "wasted_repeats": int(rep["wasted"]),
+             "near_repeats": int(near.get(tool, {}).get("near_repeats", 0))}
+        )  # fmt: skip
+    out["tools"] = tools
+    return out
+
+
+def tune(
+    con: duckdb.DuckDBPyConnection,
+    filters: Filters | None = None,
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+    min_samples: int = DEFAULT_MIN_SAMPLES,
+) -> dict[str, Any]:
+    """``{"tools": [...]}``: per tool the current and recommended ``max_repeats``, verdict,
+    samples, productive rate and reason."""
+    frame = tuning_by_tool(con, filters, tolerance=tolerance, min_samples=min_samples)
+    rows: list[Any] = list(frame.itertuples(index=False))
+    tools = [
+        {"tool": row.tool, "current_max_repeats": int(row.current_max_repeats),
+         "recommended_max_repeats": int(row.recommended_max_repeats), "verdict": row.verdict,
+         "samples": int(row.samples), "productive_rate": round(float(row.productive_rate), 4),
+         "productive_rate_ci95": [round(float(row.productive_rate_low), 4), round(float(row.productive_rate_high), 4)],
+         "calls_saved": int(row.calls_saved), "tokens_saved_est": int(row.tokens_saved_est),
+         "mutating_tool": row.mutating_tool, "reason": row.reason}
+        for row in rows
+    ]  # fmt: skip
+    return {"tools": tools}
