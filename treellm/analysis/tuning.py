@@ -178,8 +178,9 @@ def tuning_by_tool(
         low, high = wilson_interval(productive, n)
         pruned_here = int((pruned["tool"] == tool).sum())
         recommended = _recommend(mine, tolerance)
-        saved = int(((~mine["productive"]) & (mine["ordinal"] > recommended)).sum()) if n else 0
-        tokens: Any = mine.loc[(~mine["productive"]) & (mine["ordinal"] > recommended), "result_chars"].sum() if n else 0
+        pruned_wasted = ((~mine["productive"]) & (mine["ordinal"] > recommended)) if n else None
+        saved = int(pruned_wasted.sum()) if pruned_wasted is not None else 0
+        tokens: Any = mine.loc[pruned_wasted, "result_chars"].sum() if pruned_wasted is not None else 0
         verdict, reason, mutating = _verdict(
             con,
             mine,
