@@ -17,14 +17,14 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $@
 
 demo: $(STAMP)
-	$(BIN)/treellm demo --no-dashboard
+	$(BIN)/treellm demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check treellm tests benchmarks
-	$(BIN)/ruff format --check treellm tests benchmarks
+	$(BIN)/ruff check treellm dashboard tests benchmarks
+	$(BIN)/ruff format --check treellm dashboard tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from treellm._version import __version__
@@ -89,15 +90,76 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from treellm.inspector import LiveLog, render_tree
-    from treellm.simulate.demo import run_demo
+def _dashboard_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], str]:
+    import dashboard
 
+    env = dict(os.environ)
+    if getattr(args, "parquet", None):
+        env["TREELLM_DASHBOARD_PARQUET"] = os.pathsep.join(str(Path(p).resolve()) for p in args.parquet)
+    else:
+        env["TREELLM_DASHBOARD_DB"] = str(Path(_db(args)).resolve())
+    env["STREAMLIT_BROWSER_GATHER_USAGE_STATS"] = "false"
+    app = Path(dashboard.__file__).resolve().parent / "app.py"
+    command = [
+        sys.executable, "-m", "streamlit", "run", str(app),
+        "--server.address", args.host, "--server.port", str(args.port), "--server.headless", "true",
+        "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none", "--global.developmentMode", "false",
+        "--theme.base", "light",
+    ]  # fmt: skip
+    return command, env, f"http://{args.host}:{args.port}"
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import subprocess
+
+    command, env, url = _dashboard_command(args)
+    print(f"treellm dashboard on {url} (Ctrl-C to stop)", flush=True)
+    try:
+        return subprocess.call(command, env=env)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    return _serve(args)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from treellm.analysis.report import report
+    from treellm.simulate import sample_traces_dir, simulate
+    from treellm.store.connection import open_store
+    from treellm.store.ingest import ingest
+
+    db = _db(args)
+    if args.runs:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "simulated.jsonl"
+            simulate(args.runs, args.seed, out=out)
+            result = ingest(db, [out])
+    else:
+        result = ingest(db, [sample_traces_dir()])
     console = _console(stderr=False)
-    result = run_demo([LiveLog(console)])
-    console.print(render_tree(result))
-    console.print(f"answer: {result.answer}", markup=False)
-    return 0
+    console.print(
+        f"ingested into {db}: {result.spans} new span(s), {result.runs} new run(s), {result.duplicates} already there",
+        markup=False,
+    )
+    con = open_store(db, read_only=True)
+    try:
+        data = report(con)
+    finally:
+        con.close()
+    _print_report(data)
+    if args.tree:
+        from treellm.inspector import render_tree
+        from treellm.simulate.demo import run_demo
+
+        console.print(render_tree(run_demo([], telemetry=False)))
+    if args.no_dashboard:
+        console.print("next: `treellm dashboard` to explore it, `treellm tune --format toml` for limits", markup=False)
+        return 0
+    return _serve(args)
 
 
 def _db(args: argparse.Namespace) -> str:
@@ -217,6 +279,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(data))
         return 0
+    _print_report(data)
+    return 0
+
+
+def _print_report(data: dict[str, Any]) -> None:
+    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{data['runs']} runs, {data['tool_calls']} tool calls, {data['pruned']} pruned")
@@ -226,10 +294,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         table.add_column(column.replace("_", " "), justify="left" if column == "tool" else "right", no_wrap=True)
     for item in data["tools"]:
         table.add_row(*[f"{item[c]:.1%}" if c == "prune_rate" else str(item[c]) for c in columns])
-    from rich.console import Console
-
     Console(width=max(120, _console(stderr=False).width)).print(table)
-    return 0
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
@@ -423,13 +488,36 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser(
         "demo",
-        help="run the scripted demonstration and show its tree",
-        description="Run a scripted coding agent (no model, no network) and show its execution tree.",
-        epilog="example:\n  treellm demo --no-dashboard",
+        help="ingest the sample traces (or a fresh simulation), print the report and open the dashboard",
+        description=(
+            "Ingest sample_traces/ (or --runs N simulated runs) into the store (default ./treellm.duckdb), print the "
+            "report and launch the dashboard, printing its URL. Works from any folder once treellm is installed."
+        ),
+        epilog="example:\n  treellm demo\n  treellm demo --runs 500 --no-dashboard",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    demo.add_argument("--no-dashboard", action="store_true", help="print to the terminal only")
+    demo.add_argument("--db", help="the store (default $TREELLM_DB or ./treellm.duckdb)")
+    demo.add_argument("--runs", type=int, default=0, help="simulate this many runs instead of the sample traces")
+    demo.add_argument("--seed", type=int, default=7, help="seed of the simulation (default %(default)s)")
+    demo.add_argument("--no-dashboard", action="store_true", help="print the report only (terminals and CI)")
+    demo.add_argument("--tree", action="store_true", help="also draw a scripted run's tree in the terminal")
+    demo.add_argument("--host", default="127.0.0.1", help="dashboard address (default %(default)s)")
+    demo.add_argument("--port", type=int, default=8501, help="dashboard port (default %(default)s)")
     demo.set_defaults(func=_cmd_demo)
+
+    dashboard = sub.add_parser(
+        "dashboard",
+        help="open the Streamlit dashboard on a store or Parquet folders",
+        description="Serve the dashboard (overview, run explorer, tree shapes, tools, tuning) on loopback.",
+        epilog="example:\n  treellm dashboard --db runs.duckdb --port 8501",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    source = dashboard.add_mutually_exclusive_group()
+    source.add_argument("--db", help="the store (default $TREELLM_DB or ./treellm.duckdb)")
+    source.add_argument("--parquet", nargs="+", metavar="DIR", help="read `treellm export` folders instead")
+    dashboard.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s: loopback)")
+    dashboard.add_argument("--port", type=int, default=8501, help="port (default %(default)s)")
+    dashboard.set_defaults(func=_cmd_dashboard)
     return parser
 
 

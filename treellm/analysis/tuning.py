@@ -27,6 +27,8 @@ from treellm.analysis.metrics import CALLS_SQL, repeat_samples
 __all__ = ["limits_toml", "tuning_by_tool", "what_if_by_tool_limit", "wilson_interval"]
 
 DEFAULT_TOLERANCE = 0.05
+VERDICT_ORDER = {"raise": 0, "lower": 1, "mutates": 2, "keep": 3, "insufficient_data": 4}
+"""Actionable verdicts first."""
 DEFAULT_MIN_SAMPLES = 10
 
 
@@ -202,7 +204,13 @@ def tuning_by_tool(
              "tokens_saved_est": int(tokens // 4) if pd.notna(tokens) else 0, "mutating_tool": mutating,
              "reason": reason}
         )  # fmt: skip
-    return pd.DataFrame(rows).sort_values(["verdict", "tool"], ignore_index=True) if rows else pd.DataFrame()
+    if not rows:
+        return pd.DataFrame()
+    frame = pd.DataFrame(rows)
+    frame["_order"] = frame["verdict"].map(VERDICT_ORDER)
+    return frame.sort_values(["_order", "samples", "tool"], ascending=[True, False, True], ignore_index=True).drop(
+        columns="_order"
+    )
 
 
 def _recommend(samples: pd.DataFrame, tolerance: float) -> int:

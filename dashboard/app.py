@@ -1,0 +1,19 @@
+"""Navigation only: the five pages of the treellm dashboard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+HERE = Path(__file__).resolve().parent
+
+st.set_page_config(page_title="treellm", page_icon=":material/account_tree:", layout="wide")
+pages = [
+    st.Page(HERE / "views" / "overview.py", title="Overview", icon=":material/insights:", default=True),
+    st.Page(HERE / "views" / "run_explorer.py", title="Run explorer", icon=":material/account_tree:", url_path="run"),
+    st.Page(HERE / "views" / "shapes.py", title="Tree shapes", icon=":material/bubble_chart:", url_path="shapes"),
+    st.Page(HERE / "views" / "tools.py", title="Tools", icon=":material/build:", url_path="tools"),
+    st.Page(HERE / "views" / "tuning.py", title="Tuning", icon=":material/tune:", url_path="tuning"),
+]
+st.navigation(pages).run()

@@ -1,0 +1,266 @@
+"""Pure ``DataFrame -> plotly Figure`` builders: no Streamlit, no store, unit-tested.
+
+Everything that comes from a trace is escaped before it reaches a figure (plotly renders
+a few HTML tags in hover text and labels), so tool arguments can never inject markup.
+Trees are laid out by igraph's Reingold-Tilford layout, or drawn as an icicle (plotly's
+own layout) when large.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from typing import Any
+
+import igraph
+import pandas as pd
+import plotly.graph_objects as go
+
+__all__ = [
+    "KIND_COLORS",
+    "TREE_ICICLE_AT",
+    "prune_rate_chart",
+    "repeat_outcomes_chart",
+    "runs_over_time_chart",
+    "shape_scatter",
+    "tree_figure",
+    "tree_icicle",
+    "what_if_chart",
+]
+
+KIND_COLORS = {"think": "#4C78A8", "tool": "#54A24B", "collapse": "#B279A2", "skill": "#F58518"}
+STATUS_LINE = {"completed": "#333333", "failed": "#E45756", "running": "#EECA3B", "pending": "#BBBBBB"}
+PRUNED_COLOR = "rgba(228, 87, 86, 0.35)"
+TREE_ICICLE_AT = 400
+"""From this many nodes, the run explorer draws an icicle instead of a node-link tree."""
+
+
+def _text(value: Any, limit: int = 160) -> str:
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return ""
+    text = str(value)
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
+    return html.escape(text).replace("\n", " ")
+
+
+def _empty(title: str, message: str) -> go.Figure:
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
+    fig.update_layout(title=title, xaxis_visible=False, yaxis_visible=False, height=260)
+    return fig
+
+
+def runs_over_time_chart(by_day: pd.DataFrame) -> go.Figure:
+    """Runs, tool calls, pruned calls and wasted repeats per day, with the prune rate."""
+    if by_day.empty:
+        return _empty("Over time", "no runs")
+    fig = go.Figure()
+    for column, name in (("runs", "runs"), ("tool_calls", "tool calls"), ("pruned", "pruned"), ("wasted", "wasted")):
+        fig.add_bar(x=by_day["day"], y=by_day[column], name=name)
+    fig.add_scatter(x=by_day["day"], y=by_day["prune_rate"], name="prune rate", yaxis="y2", mode="lines+markers")
+    fig.update_layout(
+        title="Over time", barmode="group", height=320, xaxis={"type": "category"},
+        yaxis_title="count", yaxis2={"overlaying": "y", "side": "right", "tickformat": ".0%", "title": "prune rate"},
+    )  # fmt: skip
+    return fig
+
+
+def prune_rate_chart(rates: pd.DataFrame, top: int = 15) -> go.Figure:
+    """Pruned calls per tool by action, with executed calls beside them."""
+    if rates.empty:
+        return _empty("Prune rate per tool", "no tool calls")
+    data = rates.sort_values(["pruned", "calls"], ascending=False).head(top)
+    tools = [_text(t) for t in data["tool"]]
+    fig = go.Figure()
+    fig.add_bar(y=tools, x=data["calls"], name="executed", orientation="h", marker_color="#9ECAE9")
+    for column, name, color in (("pruned_prune", "pruned", "#E45756"), ("pruned_nudge", "nudged", "#F58518"),
+                                ("pruned_cache", "cached", "#72B7B2")):  # fmt: skip
+        fig.add_bar(y=tools, x=data[column], name=name, orientation="h", marker_color=color)
+    fig.update_layout(
+        title="Calls per tool: executed and caught", barmode="stack", height=120 + 28 * len(data),
+        yaxis={"autorange": "reversed"},
+    )  # fmt: skip
+    return fig
+
+
+def repeat_outcomes_chart(outcomes: pd.DataFrame) -> go.Figure:
+    """Executed repeats per tool: productive against wasted."""
+    if outcomes.empty:
+        return _empty("Repeat outcomes", "no executed repeats (ordinal >= 2)")
+    per_tool = outcomes.groupby("tool")[["productive", "wasted"]].sum().reset_index()
+    per_tool = per_tool.sort_values("wasted", ascending=False)
+    tools = [_text(t) for t in per_tool["tool"]]
+    fig = go.Figure()
+    fig.add_bar(x=tools, y=per_tool["productive"], name="productive", marker_color="#54A24B")
+    fig.add_bar(x=tools, y=per_tool["wasted"], name="wasted", marker_color="#E45756")
+    fig.update_layout(title="Executed repeats: productive or wasted", barmode="stack", height=340)
+    return fig
+
+
+def what_if_chart(table: pd.DataFrame, tool: str) -> go.Figure:
+    """For one tool, calls saved (wasted) and lost (productive) at each limit."""
+    data = table[table["tool"] == tool]
+    if data.empty:
+        return _empty(f"What if: {_text(tool)}", "no calls of this tool")
+    fig = go.Figure()
+    fig.add_bar(x=data["limit"], y=data["saved"], name="saved (wasted repeats pruned)", marker_color="#54A24B")
+    fig.add_bar(x=data["limit"], y=data["lost"], name="lost (productive repeats pruned)", marker_color="#E45756")
+    fig.add_bar(x=data["limit"], y=data["unknown"], name="unknown (pruned in the data, would run)",
+                marker_color="#BAB0AC")  # fmt: skip
+    fig.add_scatter(x=data["limit"], y=data["branches_ended"], name="branches that would end", mode="lines+markers")
+    current = int(data["current_limit"].iloc[0])
+    fig.add_vline(x=current, line_dash="dash", annotation_text=f"current limit {current}")
+    fig.update_layout(title=f"What if: limits for {_text(tool)}", xaxis_title="max_repeats", barmode="group",
+                      height=340)  # fmt: skip
+    return fig
+
+
+def shape_scatter(shapes: pd.DataFrame, color: str = "agent") -> go.Figure:
+    """Runs by max depth against max breadth, sized by nodes, coloured by ``color``."""
+    if shapes.empty:
+        return _empty("Tree shapes", "no runs")
+    fig = go.Figure()
+    for value, group in shapes.groupby(shapes[color].fillna("(none)")):
+        fig.add_scatter(
+            x=group["max_depth"], y=group["max_breadth"], mode="markers", name=_text(value),
+            marker={"size": 6 + group["nodes"].clip(upper=200) ** 0.5 * 1.5, "opacity": 0.6},
+            hovertext=[f"{_text(r)} · {n} nodes · {o}" for r, n, o in
+                       zip(group["run_id"], group["nodes"], group["outcome"], strict=True)],
+        )  # fmt: skip
+    fig.update_layout(title="Depth against breadth", xaxis_title="max depth", yaxis_title="max breadth", height=360)
+    return fig
+
+
+# -- trees -------------------------------------------------------------------------------------------
+
+
+def _node_label(row: Any) -> str:
+    if row.kind == "tool":
+        return f"{_text(row.tool, 40)} #{row.ordinal}" if pd.notna(row.ordinal) else _text(row.tool, 40)
+    return str(row.kind)
+
+
+def _hover(row: Any) -> str:
+    parts = [f"{row.node_id} · {row.kind} · {row.status} · depth {row.depth}"]
+    if row.kind == "tool":
+        parts.append(f"{_text(row.tool)} {_text(row.arguments, 120)}")
+        parts.append(f"ordinal {row.ordinal} / limit {row.limit} ({_text(row.limit_source)})")
+    if isinstance(row.skill_stack, str) and row.skill_stack not in ("", "[]"):
+        parts.append(f"skill {_text(row.skill_stack)}")
+    return "<br>".join(parts)
+
+
+def tree_figure(nodes: pd.DataFrame, loops: pd.DataFrame, selected: str | None = None) -> go.Figure:
+    """A run's tree (Reingold-Tilford layout), each pruned call drawn as a ghost node under
+    the ThinkNode that asked for it, tied by a dotted line to the earlier call it repeated."""
+    if nodes.empty:
+        return _empty("Run tree", "no nodes")
+    ids = list(nodes["node_id"])
+    index = {node_id: i for i, node_id in enumerate(ids)}
+    ghosts = [(f"pruned-{i}", row) for i, row in enumerate(loops.itertuples(index=False)) if row.node_id in index]
+    edges = [(index[p], index[c]) for c, p in zip(nodes["node_id"], nodes["parent_id"], strict=True) if p in index]
+    n = len(ids) + len(ghosts)
+    edges += [(index[row.node_id], len(ids) + i) for i, (_, row) in enumerate(ghosts)]
+    graph = igraph.Graph(n=n, edges=edges, directed=True)
+    roots = [index[c] for c, p in zip(nodes["node_id"], nodes["parent_id"], strict=True) if p not in index]
+    layout = graph.layout_reingold_tilford(mode="out", root=roots or [0])
+    xs = [pos[0] for pos in layout.coords]
+    ys = [-pos[1] for pos in layout.coords]
+    fig = go.Figure()
+    ex, ey = [], []
+    for a, b in edges:
+        ex += [xs[a], xs[b], None]
+        ey += [ys[a], ys[b], None]
+    fig.add_scatter(x=ex, y=ey, mode="lines", line={"color": "#BBBBBB", "width": 1}, hoverinfo="skip",
+                    showlegend=False)  # fmt: skip
+    rows = list(nodes.itertuples(index=False))
+    for kind, color in KIND_COLORS.items():
+        members = [i for i, r in enumerate(rows) if r.kind == kind]
+        if not members:
+            continue
+        fig.add_scatter(
+            x=[xs[i] for i in members], y=[ys[i] for i in members], mode="markers+text", name=kind,
+            text=[_node_label(rows[i]) for i in members], textposition="bottom center", textfont={"size": 9},
+            customdata=[rows[i].node_id for i in members], hovertext=[_hover(rows[i]) for i in members],
+            hoverinfo="text",
+            marker={"size": [16 if rows[i].node_id == selected else 11 for i in members], "color": color,
+                    "line": {"width": 2, "color": [STATUS_LINE.get(str(rows[i].status), "#333") for i in members]}},
+        )  # fmt: skip
+    if ghosts:
+        gx = [xs[len(ids) + i] for i in range(len(ghosts))]
+        gy = [ys[len(ids) + i] for i in range(len(ghosts))]
+        fig.add_scatter(
+            x=gx, y=gy, mode="markers+text", name="pruned call", text=[_text(r.tool, 30) for _, r in ghosts],
+            textposition="bottom center", textfont={"size": 9, "color": "#E45756"},
+            marker={"size": 11, "color": PRUNED_COLOR, "symbol": "x", "line": {"width": 1, "color": "#E45756"}},
+            hovertext=[f"pruned {_text(r.tool)} {_text(r.arguments, 100)}<br>count {r.count} ≥ limit {r.limit} "
+                       f"({_text(r.limit_source)}) · {_text(r.action)}{' · shadow' if r.shadow else ''}"
+                       for _, r in ghosts],
+            hoverinfo="text", customdata=[r.node_id for _, r in ghosts],
+        )  # fmt: skip
+        tx, ty = [], []
+        for i, (_, row) in enumerate(ghosts):
+            for earlier in _ids(row.earlier_node_ids):
+                if earlier in index:
+                    tx += [xs[len(ids) + i], xs[index[earlier]], None]
+                    ty += [ys[len(ids) + i], ys[index[earlier]], None]
+        if tx:
+            fig.add_scatter(x=tx, y=ty, mode="lines", name="repeats", hoverinfo="skip",
+                            line={"color": "#E45756", "width": 1, "dash": "dot"})  # fmt: skip
+    levels = len(set(ys))
+    fig.update_layout(
+        title=f"Run tree: {len(ids)} nodes, {len(ghosts)} caught call(s)",
+        height=min(1400, 220 + 70 * levels),
+        xaxis_visible=False,
+        yaxis_visible=False,
+        legend={"orientation": "h"},
+        dragmode="pan",
+    )
+    return fig
+
+
+def _ids(raw: Any) -> list[str]:
+    """Node ids from a JSON list, or from an OTLP ``arrayValue`` text (``{"values": [...]}``)."""
+    if not isinstance(raw, str):
+        return []
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return []
+    if isinstance(value, dict):
+        value = [v.get("stringValue") for v in value.get("values", []) if isinstance(v, dict)]
+    return [str(v) for v in value if v is not None] if isinstance(value, list) else []
+
+
+def tree_icicle(nodes: pd.DataFrame, loops: pd.DataFrame) -> go.Figure:
+    """A large run as an icicle (plotly lays it out): every node a box under its parent,
+    pruned calls as red boxes under the ThinkNode that asked. Readable at thousands of nodes."""
+    if nodes.empty:
+        return _empty("Run tree", "no nodes")
+    known = set(nodes["node_id"])
+    ids = list(nodes["node_id"])
+    parents = [p if p in known else "" for p in nodes["parent_id"]]
+    labels = [_node_label(r) for r in nodes.itertuples(index=False)]
+    colors = [KIND_COLORS.get(str(k), "#999") for k in nodes["kind"]]
+    hover = [_hover(r) for r in nodes.itertuples(index=False)]
+    for i, row in enumerate(loops.itertuples(index=False)):
+        if row.node_id in known:
+            ids.append(f"pruned-{i}")
+            parents.append(row.node_id)
+            labels.append(f"✂ {_text(row.tool, 30)}")
+            colors.append("#E45756")
+            hover.append(f"pruned {_text(row.tool)} {_text(row.arguments, 100)} · count {row.count} ≥ {row.limit}")
+    fig = go.Figure(
+        go.Icicle(
+            ids=ids,
+            parents=parents,
+            labels=labels,
+            marker={"colors": colors},
+            hovertext=hover,
+            hoverinfo="text",
+            maxdepth=8,
+            tiling={"orientation": "v"},
+        )
+    )
+    fig.update_layout(title=f"Run tree (icicle): {len(nodes)} nodes, {len(loops)} caught call(s)", height=720)
+    return fig

@@ -1,0 +1,188 @@
+"""The only module of the dashboard that touches the store.
+
+Hard rules (``docs/architecture.md``, storage model):
+
+- a short-lived read-only connection per query (``open_store(read_only=True)`` or
+  ``open_parquet``), closed right away: never cached, so a writer (the collector, an
+  ingest) is blocked for no longer than one query;
+- results are cached (``st.cache_data``, a few seconds) instead, so pages stay fast and a
+  live store shows data no older than :data:`TTL_S` seconds;
+- a lock conflict is retried with backoff; if the writer still holds the store the page
+  shows "store busy, retrying" (:func:`show_problems`) instead of crashing.
+
+The store comes from ``TREELLM_DASHBOARD_PARQUET`` (folders separated by the path
+separator), else ``TREELLM_DASHBOARD_DB``, else the default store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import duckdb
+import pandas as pd
+import streamlit as st
+
+from treellm import analysis
+from treellm.analysis import Filters
+from treellm.errors import StoreBusyError, StoreError
+from treellm.store.connection import default_db_path, open_parquet, open_store
+
+TTL_S = 5
+ENV_DB = "TREELLM_DASHBOARD_DB"
+ENV_PARQUET = "TREELLM_DASHBOARD_PARQUET"
+
+
+def source() -> tuple[str, tuple[str, ...]]:
+    """``("parquet", folders)`` or ``("db", (path,))``: what the dashboard reads."""
+    parquet = os.environ.get(ENV_PARQUET)
+    if parquet:
+        return "parquet", tuple(p for p in parquet.split(os.pathsep) if p)
+    return "db", (os.environ.get(ENV_DB) or str(default_db_path()),)
+
+
+def describe_source() -> str:
+    kind, paths = source()
+    return f"Parquet: {', '.join(paths)}" if kind == "parquet" else f"store: {paths[0]}"
+
+
+@contextlib.contextmanager
+def _connect(src: tuple[str, tuple[str, ...]]) -> Iterator[duckdb.DuckDBPyConnection]:
+    kind, paths = src
+    con = open_parquet(list(paths)) if kind == "parquet" else open_store(paths[0], read_only=True, retries=6)
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+@contextlib.contextmanager
+def show_problems() -> Iterator[None]:
+    """Render a busy or missing store as a message (with a retry button), never a traceback."""
+    try:
+        yield
+    except StoreBusyError:
+        st.warning("Store busy, retrying: a writer holds the store's lock. The page refreshes when it is free.")
+        if st.button("Retry now"):
+            st.rerun()
+    except StoreError as exc:
+        st.info(f"No data to show: {exc}")
+
+
+# -- cached queries (keyed by the source and the filters) -----------------------------------------
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def _filter_options(src: tuple[str, tuple[str, ...]]) -> dict[str, Any]:
+    with _connect(src) as con:
+        runs = con.execute("SELECT service, agent, model, start_ns FROM runs").df()
+        tools = [r[0] for r in con.execute("SELECT DISTINCT tool FROM tool_calls ORDER BY tool").fetchall()]
+    return {
+        "services": sorted(x for x in runs["service"].dropna().unique()),
+        "agents": sorted(x for x in runs["agent"].dropna().unique()),
+        "models": sorted(x for x in runs["model"].dropna().unique()),
+        "tools": tools,
+        "first": runs["start_ns"].min() if len(runs) else None,
+        "last": runs["start_ns"].max() if len(runs) else None,
+    }
+
+
+def filter_options() -> dict[str, Any]:
+    return _filter_options(source())
+
+
+def sidebar_filters() -> Filters:
+    """The filters every page shows in its sidebar (time, service, agent, model, tool)."""
+    options = filter_options()
+    sidebar = st.sidebar
+    sidebar.caption(describe_source())
+    any_ = "(all)"
+    service = sidebar.selectbox("Service", [any_, *options["services"]], key="f_service")
+    agent = sidebar.selectbox("Agent", [any_, *options["agents"]], key="f_agent")
+    model = sidebar.selectbox("Model", [any_, *options["models"]], key="f_model")
+    tool = sidebar.selectbox("Tool", [any_, *options["tools"]], key="f_tool")
+    since = until = None
+    if options["first"] is not None:
+        first = dt.datetime.fromtimestamp(options["first"] / 1e9, dt.UTC).date()
+        last = dt.datetime.fromtimestamp(options["last"] / 1e9, dt.UTC).date()
+        window = sidebar.date_input("Runs started", value=(first, last), key="f_window")
+        if isinstance(window, tuple) and len(window) == 2:
+            since = dt.datetime.combine(window[0], dt.time(), dt.UTC)
+            until = dt.datetime.combine(window[1] + dt.timedelta(days=1), dt.time(), dt.UTC)
+    return Filters(since, until, *(None if v == any_ else v for v in (service, agent, model, tool)))
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def _query(src: tuple[str, tuple[str, ...]], name: str, filters: Filters, extra: tuple[Any, ...]) -> Any:
+    with _connect(src) as con:
+        if name == "totals":
+            return analysis.totals(con, filters)
+        if name == "tuning":
+            return analysis.tuning_by_tool(con, filters, tolerance=extra[0])
+        if name == "limits_toml":
+            return analysis.limits_toml(analysis.tuning_by_tool(con, filters, tolerance=extra[0]))
+        if name == "what_if":
+            return analysis.what_if_by_tool_limit(con, Filters(filters.since, filters.until, filters.service,
+                                                                filters.agent, filters.model, extra[0]))  # fmt: skip
+        if name == "runs":
+            where, params = filters.run_condition("r")
+            return con.execute(f"SELECT * FROM runs r WHERE {where} ORDER BY r.start_ns DESC", params).df()
+        if name == "actions":
+            where, params = filters.where("l")
+            return con.execute(
+                f"SELECT l.tool, l.action, l.shadow, count(*) AS calls FROM loop_events l WHERE {where} "
+                "GROUP BY ALL ORDER BY calls DESC",
+                params,
+            ).df()
+        function = getattr(analysis, name)
+        return function(con, filters)
+
+
+def query(name: str, filters: Filters, *extra: Any) -> Any:
+    """Run an analysis function (by name) or a dashboard query, cached for a few seconds."""
+    return _query(source(), name, filters, extra)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def _run(src: tuple[str, tuple[str, ...]], run_id: str) -> dict[str, pd.DataFrame]:
+    with _connect(src) as con:
+        nodes = con.execute(
+            """SELECT n.node_id, n.kind, n.parent_id, n.depth, n.status, n.tool, n.signature, n.ordinal,
+                      n."limit", n.limit_source, n.result_hash, n.attempts, n.skill_stack, n.start_ns, n.end_ns,
+                      s.name AS span_name, s.arguments, s.result, s.input_tokens, s.output_tokens,
+                      s.attributes['treellm.think.text'] AS text, s.span_id
+               FROM nodes n JOIN spans s USING (trace_id, span_id)
+               WHERE n.run_id = ? ORDER BY n.start_ns, n.node_id""",
+            [run_id],
+        ).df()
+        loops = con.execute(
+            """SELECT node_id, tool, signature, count, "limit", limit_source, action, shadow, arguments,
+                      earlier_node_ids_raw AS earlier_node_ids, time_ns
+               FROM loop_events WHERE run_id = ? ORDER BY time_ns""",
+            [run_id],
+        ).df()
+        run = con.execute("SELECT * FROM runs WHERE run_id = ?", [run_id]).df()
+    return {"nodes": nodes, "loops": loops, "run": run}
+
+
+def run_detail(run_id: str) -> dict[str, pd.DataFrame]:
+    """One run: its nodes (with captured content), its caught calls, and its runs row."""
+    return _run(source(), run_id)
+
+
+CONTENT_COLUMNS = ("arguments", "result", "text")
+
+
+def node_facts(row: pd.Series) -> dict[str, str | None]:
+    """A node's fields as text (missing values as None), without its captured content."""
+    facts: dict[str, str | None] = {}
+    for key, value in row.items():
+        if key in CONTENT_COLUMNS:
+            continue
+        facts[str(key)] = (
+            None if value is None or (not isinstance(value, str | list) and pd.isna(value)) else str(value)
+        )
+    return facts

@@ -1,0 +1,42 @@
+"""Tools: prune rate per tool, repeat outcomes, actions taken, near repeats with examples."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard import charts, data
+
+st.title("Tools")
+with data.show_problems():
+    filters = data.sidebar_filters()
+    rates = data.query("prune_rate_by_tool", filters)
+    if rates.empty:
+        st.info("No tool calls in this selection.")
+        st.stop()
+    st.plotly_chart(charts.prune_rate_chart(rates), width="stretch")
+    st.dataframe(rates, hide_index=True, width="stretch",
+                 column_config={"prune_rate": st.column_config.NumberColumn(format="percent")})  # fmt: skip
+    outcomes = data.query("repeat_outcome_by_tool", filters)
+    st.plotly_chart(charts.repeat_outcomes_chart(outcomes), width="stretch")
+    left, right = st.columns(2)
+    with left:
+        st.subheader("Repeats per ordinal")
+        st.dataframe(outcomes, hide_index=True, width="stretch")
+    with right:
+        st.subheader("Actions taken")
+        actions = data.query("actions", filters)
+        if actions.empty:
+            st.info("No repeated call was caught in this selection.")
+        else:
+            st.dataframe(actions, hide_index=True, width="stretch")
+    st.subheader("Near repeats")
+    st.caption("Close but not identical calls of one tool in one run. Paging (a position moving forward with "
+               "new results) is progress and counted apart.")  # fmt: skip
+    near = data.query("near_repeats_by_tool", filters)
+    if near.empty:
+        st.info("No near repeats (or no captured arguments) in this selection.")
+    else:
+        near = near.assign(examples=near["examples"].map("\n".join))
+        st.dataframe(near, hide_index=True, width="stretch")
+    st.subheader("Cost of wasted repeats")
+    st.dataframe(data.query("cost_by_tool", filters), hide_index=True, width="stretch")
