@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.treellm-installed
 
-.PHONY: demo test lint bench install clean constraints
+.PHONY: demo test lint bench install clean constraints browser
 
 install: $(STAMP)
 
@@ -19,7 +19,14 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/treellm demo
 
-test: $(STAMP)
+# The browser test drives Debian's chromium; install it when missing and apt-get is usable (root, as on CI).
+browser:
+	@command -v chromium >/dev/null 2>&1 || [ -n "$$CHROMIUM_PATH" ] || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+	  echo "no chromium: the browser test will be skipped (unless TREELLM_REQUIRE_BROWSER=1)"
+
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

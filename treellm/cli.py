@@ -110,14 +110,12 @@ def _dashboard_command(args: argparse.Namespace) -> tuple[list[str], dict[str, s
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import subprocess
-
+    """Replace this process with Streamlit's server (signals then reach it directly)."""
     command, env, url = _dashboard_command(args)
     print(f"treellm dashboard on {url} (Ctrl-C to stop)", flush=True)
-    try:
-        return subprocess.call(command, env=env)
-    except KeyboardInterrupt:
-        return 0
+    sys.stderr.flush()
+    os.execve(sys.executable, command, env)
+    return 0  # not reached
 
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:

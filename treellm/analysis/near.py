@@ -79,8 +79,10 @@ def classify_pair(before: Any, after: Any, *, similarity: float = 0.85) -> str |
         if a == b:
             return "string_similar"
         if min(len(a), len(b)) >= 0.5 * max(len(a), len(b), 1):
-            ratio = difflib.SequenceMatcher(None, a, b).ratio()
-            return "string_similar" if ratio >= similarity else None
+            matcher = difflib.SequenceMatcher(None, a, b)
+            if matcher.real_quick_ratio() < similarity or matcher.quick_ratio() < similarity:
+                return None
+            return "string_similar" if matcher.ratio() >= similarity else None
     return None
 
 
@@ -102,7 +104,8 @@ def near_repeat_pairs(
     rows: list[tuple[Any, ...]] = []
     previous: tuple[Any, ...] | None = None
     parsed_previous: Any = None
-    for row in calls.itertuples(index=False, name=None):
+    # plain Python lists: iterating Arrow-backed columns row by row costs more than the rest
+    for row in zip(*(calls[column].tolist() for column in calls.columns), strict=True):
         run_id, tool, sig, arguments, result_hash, node_id, parent_id = row
         try:
             parsed = orjson.loads(arguments)

@@ -78,7 +78,7 @@ def what_if_by_tool_limit(
     samples = repeat_samples(con, f)
     limits = _current_limits(con, f)
     pruned = _pruned_counts(con, f)
-    turns = _turn_ends(con, f)
+    turns = _turn_summary(_turn_ends(con, f))
     rows: list[dict[str, Any]] = []
     for tool in sorted(limits["tool"]):
         current = limits.loc[limits["tool"] == tool, "current_limit"].iloc[0]
@@ -86,11 +86,11 @@ def what_if_by_tool_limit(
         mine = samples[samples["tool"] == tool] if not samples.empty else samples
         top = max_limit or max(current + 2, int(mine["ordinal"].max()) if not mine.empty else 1, 3)
         pruned_counts = pruned.loc[pruned["tool"] == tool, "count"]
-        tool_turns = turns[turns["run_id"].isin(turns.loc[turns["tool"] == tool, "run_id"])]
+        only_this = turns[(turns["tools"] == 1) & (turns["first_tool"] == tool)]["min_ordinal"]
         for limit in range(1, top + 1):
             caught = mine[mine["ordinal"] > limit] if not mine.empty else mine
             lost = int(caught["productive"].sum()) if not caught.empty else 0
-            ends = _branches_ended(tool_turns, tool, limit)
+            ends = int((only_this > limit).sum())
             unknown = int((pruned_counts < limit).sum()) if limit > current else 0
             rows.append(
                 {"tool": tool, "limit": limit, "current_limit": current, "would_prune": len(caught),
@@ -104,12 +104,18 @@ def what_if_by_tool_limit(
     )
 
 
-def _branches_ended(turns: pd.DataFrame, tool: str, limit: int) -> int:
+def _turn_summary(turns: pd.DataFrame) -> pd.DataFrame:
+    """Per turn: how many distinct tools it called, one of them, and its smallest ordinal.
+
+    A limit L of tool X ends a branch at a turn when every call of the turn is X with an
+    ordinal above L: the turn calls X only and its smallest ordinal is above L.
+    """
     if turns.empty:
-        return 0
-    prunes = (turns["tool"] == tool) & (turns["ordinal"].fillna(1) > limit)
-    per_turn = prunes.groupby([turns["run_id"], turns["turn"]]).all()
-    return int(per_turn.sum())
+        return pd.DataFrame(columns=["tools", "first_tool", "min_ordinal"])
+    turns = turns.assign(ordinal=turns["ordinal"].fillna(1))
+    return turns.groupby(["run_id", "turn"]).agg(
+        tools=("tool", "nunique"), first_tool=("tool", "first"), min_ordinal=("ordinal", "min")
+    )
 
 
 def _intervening_tools(con: duckdb.DuckDBPyConnection, samples: pd.DataFrame) -> pd.Series:

@@ -1,0 +1,211 @@
+"""The dashboard: chart builders (pure) and every page through Streamlit's AppTest on a real store."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from streamlit.testing.v1 import AppTest
+
+from dashboard import charts
+from treellm import ModelRequest, ModelTurn, OTLPJsonlSpanExporter, ScriptedModel, Tool, ToolCall, TreeConfig
+from treellm import TreeExecutor
+from treellm.store import ingest, open_store
+
+ROOT = Path(__file__).resolve().parent.parent
+VIEWS = ROOT / "dashboard" / "views"
+
+
+@pytest.fixture(scope="module")
+def sample_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    db = tmp_path_factory.mktemp("dash") / "samples.duckdb"
+    ingest(db, [ROOT / "sample_traces"])
+    return db
+
+
+def page(name: str, db: Path, monkeypatch: pytest.MonkeyPatch, **query: str) -> AppTest:
+    monkeypatch.setenv("TREELLM_DASHBOARD_DB", str(db))
+    monkeypatch.delenv("TREELLM_DASHBOARD_PARQUET", raising=False)
+    at = AppTest.from_file(str(VIEWS / f"{name}.py"), default_timeout=120)
+    for key, value in query.items():
+        at.query_params[key] = value
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache() -> Iterator[None]:
+    import streamlit as st
+
+    st.cache_data.clear()
+    yield
+    st.cache_data.clear()
+
+
+# -- charts ---------------------------------------------------------------------------------------
+
+
+def test_charts_escape_markup_from_traces() -> None:
+    nodes = pd.DataFrame([
+        {"node_id": "n1", "kind": "think", "parent_id": None, "depth": 0, "status": "completed", "tool": None,
+         "ordinal": None, "limit": None, "limit_source": None, "arguments": None, "skill_stack": None},
+        {"node_id": "n2", "kind": "tool", "parent_id": "n1", "depth": 0, "status": "completed", "tool": "<b>x</b>",
+         "ordinal": 1, "limit": 1, "limit_source": "default", "arguments": '{"q":"<script>alert(1)</script>"}',
+         "skill_stack": None},
+    ])  # fmt: skip
+    loops = pd.DataFrame([
+        {"node_id": "n1", "tool": "<b>x</b>", "count": 1, "limit": 1, "limit_source": "default", "action": "prune",
+         "shadow": False, "arguments": "<i>", "earlier_node_ids": '{"values":[{"stringValue":"n2"}]}'}
+    ])  # fmt: skip
+    fig = charts.tree_figure(nodes, loops)
+    texts = " ".join(str(t) for trace in fig.data for t in (list(trace.hovertext or []) + list(trace.text or [])))
+    assert "<script>" not in texts and "&lt;script&gt;" in texts and "&lt;b&gt;x&lt;/b&gt;" in texts
+    names = [trace.name for trace in fig.data]
+    assert "pruned call" in names and "repeats" in names  # the ghost node, tied to the call it repeated
+    icicle = charts.tree_icicle(nodes, loops)
+    assert len(icicle.data[0].ids) == 3 and "<b>" not in " ".join(icicle.data[0].labels)
+
+
+def test_charts_draw_empty_data_as_a_message() -> None:
+    for figure in (charts.prune_rate_chart(pd.DataFrame()), charts.repeat_outcomes_chart(pd.DataFrame()),
+                   charts.runs_over_time_chart(pd.DataFrame()), charts.shape_scatter(pd.DataFrame()),
+                   charts.tree_figure(pd.DataFrame(), pd.DataFrame())):  # fmt: skip
+        assert figure.layout.annotations and not figure.data
+
+
+def test_what_if_chart_marks_the_current_limit() -> None:
+    table = pd.DataFrame({"tool": ["t"] * 3, "limit": [1, 2, 3], "current_limit": [2] * 3, "saved": [5, 2, 0],
+                          "lost": [3, 1, 0], "unknown": [0, 0, 4], "branches_ended": [4, 1, 0]})  # fmt: skip
+    fig = charts.what_if_chart(table, "t")
+    assert [t.name for t in fig.data][:2] == ["saved (wasted repeats pruned)", "lost (productive repeats pruned)"]
+    assert fig.layout.shapes[0].x0 == 2
+
+
+def test_prune_rate_chart_stacks_actions() -> None:
+    rates = pd.DataFrame({"tool": ["a", "b"], "calls": [10, 5], "pruned": [3, 0], "pruned_prune": [2, 0],
+                          "pruned_nudge": [1, 0], "pruned_cache": [0, 0]})  # fmt: skip
+    fig = charts.prune_rate_chart(rates)
+    assert [t.name for t in fig.data] == ["executed", "pruned", "nudged", "cached"]
+    assert list(fig.data[0].y) == ["a", "b"]
+
+
+# -- pages ------------------------------------------------------------------------------------------
+
+
+def test_overview_shows_the_key_numbers(sample_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = page("overview", sample_store, monkeypatch)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Runs"] == "309" and metrics["Pruned calls"] == "233"
+    con = open_store(sample_store, read_only=True)
+    calls = con.execute("SELECT count(*) FROM tool_calls").fetchone()
+    con.close()
+    assert calls is not None and metrics["Tool calls (executed)"] == f"{calls[0]:,}"
+    verdicts = at.dataframe[0].value
+    assert {"raise", "lower", "mutates", "keep"} <= set(verdicts["verdict"])
+
+
+def test_run_explorer_opens_the_run_and_node_of_a_deep_link(
+    sample_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    at = page("run_explorer", sample_store, monkeypatch, run="sample-nudge_and_cache", node="n2")
+    assert at.selectbox(key="run_pick").value == "sample-nudge_and_cache"
+    assert at.selectbox(key="node_pick").value == "n2"
+    assert {m.label: m.value for m in at.metric}["Caught calls"] == "2"
+    caught = at.dataframe[0].value
+    assert sorted(caught["action"]) == ["cache", "nudge"]
+    assert any("record 7" in c.value for c in at.code)  # the node's captured result, as text
+
+
+def test_a_run_without_prunes_says_so(sample_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = page("run_explorer", sample_store, monkeypatch, run="sample-retries")
+    assert any("No repeated call was caught" in s.value for s in at.success)
+
+
+def test_shapes_compare_two_agents_side_by_side(sample_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = page("shapes", sample_store, monkeypatch)
+    at.selectbox(key="left").select("coder").run()
+    at.selectbox(key="right").select("operator").run()
+    labels = {m.label: m.value for m in at.metric}
+    assert labels == {"agent: coder": "100 runs", "agent: operator": "100 runs"}
+
+
+def test_tools_and_tuning_pages(sample_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tools = page("tools", sample_store, monkeypatch)
+    rates = tools.dataframe[0].value
+    assert rates.loc[rates["tool"] == "fetch_url", "pruned"].iloc[0] == 47
+    tuning = page("tuning", sample_store, monkeypatch)
+    table = tuning.dataframe[0].value.set_index("tool")
+    assert table.loc["fetch_url", "verdict"] == "raise" and table.loc["grep", "verdict"] == "lower"
+    assert tuning.selectbox(key="what_if_tool").value == table.index[0]
+
+
+def test_an_empty_store_is_shown_as_such(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = tmp_path / "empty.duckdb"
+    open_store(db).close()
+    for name in ("overview", "run_explorer", "shapes", "tools", "tuning"):
+        at = page(name, db, monkeypatch)
+        assert at.info, name
+
+
+def traced_run(tmp_path: Path, turns: Any, tools: list[Tool], config: TreeConfig) -> Path:
+    path = tmp_path / "run.jsonl"
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(OTLPJsonlSpanExporter(path)))
+    TreeExecutor(ScriptedModel(turns), tools, config, tracer_provider=provider, run_ids=lambda: "big").run("t")
+    provider.shutdown()
+    db = tmp_path / "run.duckdb"
+    ingest(db, [path])
+    return db
+
+
+def test_markup_in_a_tool_argument_is_shown_as_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def echo(args: dict[str, Any]) -> str:
+        return str(args["q"])
+
+    markup = "<img src=x onerror=alert(1)> **bold** <b>b</b>"
+    turns = [ModelTurn(tool_calls=[ToolCall("echo", {"q": markup})]), ModelTurn(text="ok")]
+    db = traced_run(tmp_path, turns, [Tool("echo", "e", handler=echo)], TreeConfig())
+    at = page("run_explorer", db, monkeypatch, run="big", node="n2")
+    assert any(markup in c.value for c in at.code)
+    assert not any(markup in m.value for m in at.markdown)
+
+
+def test_a_run_of_a_thousand_nodes_renders_as_an_icicle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def t(_: dict[str, Any]) -> str:
+        return "ok"
+
+    def wide(request: ModelRequest) -> ModelTurn:
+        if request.depth >= 110:
+            return ModelTurn(text="done")
+        return ModelTurn(tool_calls=[ToolCall("t", {"d": request.depth, "i": i}) for i in range(8)])
+
+    db = traced_run(tmp_path, wide, [Tool("t", "t", handler=t)], TreeConfig(depth_limit=200, node_budget=5000))
+    at = page("run_explorer", db, monkeypatch, run="big")
+    assert int({m.label: m.value for m in at.metric}["Nodes"]) > 1000
+    assert at.segmented_control(key="view").value == "icicle"
+
+
+def test_the_busy_state_while_a_writer_holds_the_store(sample_store: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    db = tmp_path / "busy.duckdb"
+    db.write_bytes(sample_store.read_bytes())
+    script = f"import duckdb, sys; c = duckdb.connect({str(db)!r}); print('held', flush=True); sys.stdin.readline()"
+    with subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True) as holder:  # fmt: skip
+        assert holder.stdout is not None
+        try:
+            assert holder.stdout.readline().strip() == "held"
+            at = page("overview", db, monkeypatch)
+            assert any("Store busy, retrying" in w.value for w in at.warning)
+        finally:
+            holder.communicate("\n", timeout=30)
+    at = page("overview", db, monkeypatch)
+    assert {m.label: m.value for m in at.metric}["Runs"] == "309"
