@@ -15,8 +15,16 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from streamlit.testing.v1 import AppTest
 
 from dashboard import charts
-from treellm import ModelRequest, ModelTurn, OTLPJsonlSpanExporter, ScriptedModel, Tool, ToolCall, TreeConfig
-from treellm import TreeExecutor
+from treellm import (
+    ModelRequest,
+    ModelTurn,
+    OTLPJsonlSpanExporter,
+    ScriptedModel,
+    Tool,
+    ToolCall,
+    TreeConfig,
+    TreeExecutor,
+)
 from treellm.store import ingest, open_store
 
 ROOT = Path(__file__).resolve().parent.parent
