@@ -115,19 +115,24 @@ def what_if_chart(table: pd.DataFrame, tool: str) -> go.Figure:
     return fig
 
 
-def shape_scatter(shapes: pd.DataFrame, color: str = "agent") -> go.Figure:
-    """Runs by max depth against max breadth, sized by nodes, coloured by ``color``."""
-    if shapes.empty:
+def shape_scatter(groups: pd.DataFrame, color: str = "agent") -> go.Figure:
+    """Runs by max depth against max breadth: one bubble per (depth, breadth, ``color``),
+    sized by how many runs share it (so a million runs draw as a few hundred bubbles)."""
+    if groups.empty:
         return _empty("Tree shapes", "no runs")
     fig = go.Figure()
-    for value, group in shapes.groupby(shapes[color].fillna("(none)")):
+    biggest = max(int(groups["runs"].max()), 1)
+    for value, group in groups.groupby(color):
         fig.add_scatter(
             x=group["max_depth"], y=group["max_breadth"], mode="markers", name=_text(value),
-            marker={"size": 6 + group["nodes"].clip(upper=200) ** 0.5 * 1.5, "opacity": 0.6},
-            hovertext=[f"{_text(r)} · {n} nodes · {o}" for r, n, o in
-                       zip(group["run_id"], group["nodes"], group["outcome"], strict=True)],
+            marker={"size": 6 + 30 * (group["runs"] / biggest) ** 0.5, "opacity": 0.6},
+            hovertext=[f"{r} run(s) · depth {d} · breadth {b} · {n:.0f} nodes on average · e.g. {_text(e)}"
+                       for r, d, b, n, e in zip(group["runs"], group["max_depth"], group["max_breadth"],
+                                                group["nodes"], group["example"], strict=True)],
+            hoverinfo="text",
         )  # fmt: skip
-    fig.update_layout(title="Depth against breadth", xaxis_title="max depth", yaxis_title="max breadth", height=360)
+    fig.update_layout(title="Depth against breadth (bubble size: runs)", xaxis_title="max depth",
+                      yaxis_title="max breadth", height=360)  # fmt: skip
     return fig
 
 

@@ -5,8 +5,9 @@ Hard rules (``docs/architecture.md``, storage model):
 - a short-lived read-only connection per query (``open_store(read_only=True)`` or
   ``open_parquet``), closed right away: never cached, so a writer (the collector, an
   ingest) is blocked for no longer than one query;
-- results are cached (``st.cache_data``, a few seconds) instead, so pages stay fast and a
-  live store shows data no older than :data:`TTL_S` seconds;
+- results are cached (``st.cache_data``) instead, keyed by the store's version (its files'
+  sizes and modification times), so pages stay fast on an unchanged store and a live store
+  (the collector flushes every second or so) shows new data at the next render;
 - a lock conflict is retried with backoff; if the writer still holds the store the page
   shows "store busy, retrying" (:func:`show_problems`) instead of crashing.
 
@@ -20,6 +21,7 @@ import contextlib
 import datetime as dt
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -31,27 +33,50 @@ from treellm.analysis import Filters
 from treellm.errors import StoreBusyError, StoreError
 from treellm.store.connection import default_db_path, open_parquet, open_store
 
-TTL_S = 5
+RUN_CHOICES = 500
+"""The run explorer lists the latest runs; a deep link opens any run."""
+TTL_S = 600
+"""Results are kept while the store is unchanged: the cache key holds the store's version
+(the files' sizes and modification times), so new data shows at the next render and an
+unchanged store is never queried twice."""
 ENV_DB = "TREELLM_DASHBOARD_DB"
 ENV_PARQUET = "TREELLM_DASHBOARD_PARQUET"
 
 
-def source() -> tuple[str, tuple[str, ...]]:
-    """``("parquet", folders)`` or ``("db", (path,))``: what the dashboard reads."""
+Source = tuple[str, tuple[str, ...], tuple[int, ...]]
+
+
+def source() -> Source:
+    """``(kind, paths, version)``: what the dashboard reads (``"parquet"`` folders or a
+    ``"db"`` file) and a version stamp that changes whenever the data does."""
     parquet = os.environ.get(ENV_PARQUET)
     if parquet:
-        return "parquet", tuple(p for p in parquet.split(os.pathsep) if p)
-    return "db", (os.environ.get(ENV_DB) or str(default_db_path()),)
+        folders = tuple(p for p in parquet.split(os.pathsep) if p)
+        files = [f for folder in folders for f in Path(folder).rglob("*.parquet")]
+        return "parquet", folders, _stamp(files)
+    db = os.environ.get(ENV_DB) or str(default_db_path())
+    return "db", (db,), _stamp([Path(db), Path(db + ".wal")])
+
+
+def _stamp(files: list[Path]) -> tuple[int, ...]:
+    stamp = [len(files)]
+    for file in files:
+        try:
+            info = file.stat()
+        except OSError:
+            continue
+        stamp += [info.st_size, info.st_mtime_ns]
+    return tuple(stamp)
 
 
 def describe_source() -> str:
-    kind, paths = source()
+    kind, paths, _ = source()
     return f"Parquet: {', '.join(paths)}" if kind == "parquet" else f"store: {paths[0]}"
 
 
 @contextlib.contextmanager
-def _connect(src: tuple[str, tuple[str, ...]]) -> Iterator[duckdb.DuckDBPyConnection]:
-    kind, paths = src
+def _connect(src: Source) -> Iterator[duckdb.DuckDBPyConnection]:
+    kind, paths, _ = src
     con = open_parquet(list(paths)) if kind == "parquet" else open_store(paths[0], read_only=True, retries=6)
     try:
         yield con
@@ -76,7 +101,7 @@ def show_problems() -> Iterator[None]:
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def _filter_options(src: tuple[str, tuple[str, ...]]) -> dict[str, Any]:
+def _filter_options(src: Source) -> dict[str, Any]:
     with _connect(src) as con:
         runs = con.execute("SELECT service, agent, model, start_ns FROM runs").df()
         tools = [r[0] for r in con.execute("SELECT DISTINCT tool FROM tool_calls ORDER BY tool").fetchall()]
@@ -116,7 +141,7 @@ def sidebar_filters() -> Filters:
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def _query(src: tuple[str, tuple[str, ...]], name: str, filters: Filters, extra: tuple[Any, ...]) -> Any:
+def _query(src: Source, name: str, filters: Filters, extra: tuple[Any, ...]) -> Any:
     with _connect(src) as con:
         if name == "totals":
             return analysis.totals(con, filters)
@@ -129,7 +154,12 @@ def _query(src: tuple[str, tuple[str, ...]], name: str, filters: Filters, extra:
                                                                 filters.agent, filters.model, extra[0]))  # fmt: skip
         if name == "runs":
             where, params = filters.run_condition("r")
-            return con.execute(f"SELECT * FROM runs r WHERE {where} ORDER BY r.start_ns DESC", params).df()
+            return con.execute(
+                f"SELECT * FROM runs r WHERE {where} ORDER BY r.start_ns DESC LIMIT {RUN_CHOICES}", params
+            ).df()
+        if name == "shape_groups":
+            shapes = analysis.shape_by_run(con, filters)
+            return shapes_grouped(shapes, extra[0])
         if name == "actions":
             where, params = filters.where("l")
             return con.execute(
@@ -147,7 +177,7 @@ def query(name: str, filters: Filters, *extra: Any) -> Any:
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def _run(src: tuple[str, tuple[str, ...]], run_id: str) -> dict[str, pd.DataFrame]:
+def _run(src: Source, run_id: str) -> dict[str, pd.DataFrame]:
     with _connect(src) as con:
         nodes = con.execute(
             """SELECT n.node_id, n.kind, n.parent_id, n.depth, n.status, n.tool, n.signature, n.ordinal,
@@ -186,3 +216,22 @@ def node_facts(row: pd.Series) -> dict[str, str | None]:
             None if value is None or (not isinstance(value, str | list) and pd.isna(value)) else str(value)
         )
     return facts
+
+
+def shapes_grouped(shapes: pd.DataFrame, by: str) -> pd.DataFrame:
+    """Runs counted per (max depth, max breadth, ``by``), with mean nodes: what the scatter draws."""
+    if shapes.empty:
+        return shapes
+    frame = shapes.assign(day=shapes["day"].astype(str))
+    return (
+        frame.groupby(["max_depth", "max_breadth", frame[by].fillna("(none)").astype(str).rename(by)])
+        .agg(
+            runs=("run_id", "size"), nodes=("nodes", "mean"), example=("run_id", "first"), outcome=("outcome", "first")
+        )
+        .reset_index()
+    )
+
+
+def prepend(first: pd.DataFrame, rest: pd.DataFrame) -> pd.DataFrame:
+    """``first``'s rows, then ``rest``'s (for a deep-linked run outside the listed ones)."""
+    return pd.concat([first, rest], ignore_index=True)

@@ -20,7 +20,13 @@ with data.show_problems():
     wanted = st.query_params.get("run")
     ids = list(runs["run_id"])
     if wanted and wanted not in ids:
-        st.warning(f"Run {wanted!r} is not in this selection; showing the latest run instead.")
+        linked = data.run_detail(wanted)["run"]
+        if linked.empty:
+            st.warning(f"Run {wanted!r} is not in the store; showing the latest run instead.")
+        else:
+            runs = data.prepend(linked, runs)
+            ids = list(runs["run_id"])
+    st.caption(f"The latest {len(ids)} runs of the selection; a link with ?run=ID opens any run.")
     labels = {
         r.run_id: f"{r.agent} · {r.outcome} · {r.nodes} nodes · {r.pruned_calls} pruned · {r.run_id}"
         for r in runs.itertuples(index=False)

@@ -13,7 +13,7 @@ with data.show_problems():
     if shapes.empty:
         st.info("No runs in this selection.")
         st.stop()
-    st.plotly_chart(charts.shape_scatter(shapes, "agent"), width="stretch")
+    st.plotly_chart(charts.shape_scatter(data.shapes_grouped(shapes, "agent"), "agent"), width="stretch")
     st.dataframe(data.query("shape_distribution", filters), hide_index=True, width="stretch")
     st.subheader("Side by side")
     by = st.radio("Compare", ["agent", "model", "day"], horizontal=True, key="compare_by")
@@ -31,4 +31,5 @@ with data.show_problems():
         with column:
             st.metric(f"{by}: {value}", f"{len(group)} runs")
             st.dataframe(group[measures].describe().loc[["mean", "50%", "max"]].T, width="stretch")
-            st.plotly_chart(charts.shape_scatter(group, "outcome"), width="stretch", key=f"scatter-{value}")
+            grouped = data.shapes_grouped(group, "outcome")
+            st.plotly_chart(charts.shape_scatter(grouped, "outcome"), width="stretch", key=f"scatter-{value}")
