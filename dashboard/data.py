@@ -223,8 +223,9 @@ def shapes_grouped(shapes: pd.DataFrame, by: str) -> pd.DataFrame:
     if shapes.empty:
         return shapes
     frame = shapes.assign(day=shapes["day"].astype(str))
+    frame[by] = frame[by].fillna("(none)").astype(str)
     return (
-        frame.groupby(["max_depth", "max_breadth", frame[by].fillna("(none)").astype(str).rename(by)])
+        frame.groupby(["max_depth", "max_breadth", by])
         .agg(
             runs=("run_id", "size"), nodes=("nodes", "mean"), example=("run_id", "first"), outcome=("outcome", "first")
         )

@@ -1,0 +1,118 @@
+"""The collector's settings: one frozen, validated dataclass; its field defaults are the only defaults."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from treellm.errors import ConfigError
+
+__all__ = ["DEFAULTS", "CollectorConfig", "journal_folder"]
+
+_MiB = 1024 * 1024
+# The receiver checks that a body parsed as protobuf is one message (not the Collector file
+# exporter's length-prefixed frames) by its size: a frame length read from a message's first
+# bytes is always at least 128 MiB.
+_MAX_BODY_CEILING = 128 * _MiB
+
+
+def _expect(setting: str, ok: bool, expected: str, got: object) -> None:
+    if not ok:
+        raise ConfigError(f"{setting}: expected {expected}, got {got!r}", setting=setting)
+
+
+def _positive_int(setting: str, value: object, *, maximum: int | None = None) -> None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    if ok and maximum is not None:
+        ok = value <= maximum  # type: ignore[operator]
+    _expect(setting, ok, "a positive integer" + (f" up to {maximum}" if maximum else ""), value)
+
+
+def _positive_number(setting: str, value: object) -> None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+    _expect(setting, ok, "a positive number", value)
+
+
+@dataclass(frozen=True, slots=True)
+class CollectorConfig:
+    """How the collector listens, what it accepts and how it journals and flushes.
+
+    - ``host`` / ``port``: where to listen (loopback unless told otherwise; 4318 is the
+      OTLP/HTTP port; 0 picks a free port).
+    - ``token``: when set, requests need ``Authorization: Bearer <token>`` (else 401).
+    - ``max_body_bytes``: the largest body, as sent and once decompressed (else 413);
+      20 MiB, as the OpenTelemetry Collector's HTTP receiver.
+    - ``flush_interval_s``: the pause between two flushes of the journal into the store
+      (the dashboard sees data this much later, plus the flush itself).
+    - ``max_segment_bytes``: a journal segment is closed at this size even between flushes,
+      so one flush transaction stays bounded while the store is busy.
+    - ``max_pending_bytes``: bytes waiting for the journal's fsync; above it, 429.
+    - ``max_journal_bytes``: bytes journaled and not yet in the store; above it, 503
+      (the store cannot keep up, e.g. another writer holds it).
+    - ``retry_after_s``: the ``Retry-After`` sent with 429 and 503.
+    - ``drain_timeout_s``: on shutdown, how long to keep trying to move the journal into
+      a busy store before leaving it for the next start.
+    - ``journal_dir``: the journal folder (default ``<db>.collector`` beside the store).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 4318
+    token: str | None = field(default=None, repr=False)
+    max_body_bytes: int = 20 * _MiB
+    flush_interval_s: float = 1.0
+    max_segment_bytes: int = 64 * _MiB
+    max_pending_bytes: int = 64 * _MiB
+    max_journal_bytes: int = 1024 * _MiB
+    retry_after_s: int = 2
+    drain_timeout_s: float = 30.0
+    journal_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        _expect("host", isinstance(self.host, str) and bool(self.host.strip()), "a host name or address", self.host)
+        port_ok = isinstance(self.port, int) and not isinstance(self.port, bool) and 0 <= self.port <= 65535
+        _expect("port", port_ok, "a port number 0-65535", self.port)
+        _expect("token", self.token is None or (isinstance(self.token, str) and bool(self.token.strip())),
+                "a non-empty token or none", "<hidden>")  # fmt: skip
+        _positive_int("max_body_bytes", self.max_body_bytes, maximum=_MAX_BODY_CEILING)
+        _positive_number("flush_interval_s", self.flush_interval_s)
+        _positive_int("max_segment_bytes", self.max_segment_bytes)
+        _positive_int("max_pending_bytes", self.max_pending_bytes)
+        _positive_int("max_journal_bytes", self.max_journal_bytes)
+        _positive_int("retry_after_s", self.retry_after_s)
+        _positive_number("drain_timeout_s", self.drain_timeout_s)
+        _expect("journal_dir", self.journal_dir is None or isinstance(self.journal_dir, Path), "a path",
+                self.journal_dir)  # fmt: skip
+
+    def replace(self, **changes: Any) -> CollectorConfig:
+        """A copy with ``changes`` applied (``None`` values are ignored: "not given")."""
+        given = {k: v for k, v in changes.items() if v is not None}
+        unknown = set(given) - {f.name for f in fields(self)}
+        if unknown:
+            raise ConfigError(f"unknown collector setting(s): {', '.join(sorted(unknown))}")
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(given)
+        return CollectorConfig(**values)
+
+    @property
+    def loopback(self) -> bool:
+        """Whether ``host`` only listens on this machine."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+DEFAULTS = CollectorConfig()
+
+
+def journal_folder(db: str | os.PathLike[str], config: CollectorConfig) -> Path:
+    """The journal folder: ``config.journal_dir``, else ``<db>.collector`` beside the store."""
+    if config.journal_dir is not None:
+        return config.journal_dir
+    path = Path(db)
+    return path.with_name(path.name + ".collector")
