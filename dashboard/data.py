@@ -226,9 +226,7 @@ def shapes_grouped(shapes: pd.DataFrame, by: str) -> pd.DataFrame:
     frame[by] = frame[by].fillna("(none)").astype(str)
     return (
         frame.groupby(["max_depth", "max_breadth", by])
-        .agg(
-            runs=("run_id", "size"), nodes=("nodes", "mean"), example=("run_id", "first"), outcome=("outcome", "first")
-        )
+        .agg(runs=("run_id", "size"), nodes=("nodes", "mean"), example=("run_id", "first"))
         .reset_index()
     )
 

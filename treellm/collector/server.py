@@ -1,0 +1,378 @@
+"""The collector: an OTLP/HTTP receiver (Starlette on uvicorn) in front of the journal and the flusher.
+
+Contract:
+
+- :class:`Collector` owns one socket, one journal folder and three threads: uvicorn's
+  event loop, the journal writer and the flusher. :meth:`Collector.start` returns once
+  it listens (``url`` then names the endpoint); :meth:`Collector.stop` stops accepting,
+  lets requests under way finish, writes the journal's queue, drains the journal into the
+  store and returns True when nothing is left in it. Both are called from one
+  controlling thread. ``app`` is the ASGI application.
+- ``POST /v1/traces`` answers per :mod:`treellm.collector.protocol`: 200 only once the
+  request's spans are fsync'd in the journal; 400 malformed; 401 without the bearer
+  token (when one is set); 413 above ``max_body_bytes`` (``Content-Length`` checked
+  before reading, the count checked while reading and while decompressing); 415 for
+  another content type or coding; 429 / 503 with ``Retry-After`` over the journal's
+  bounds or while stopping. ``GET /health`` answers 200 with the counters (no token).
+- Bodies above 256 KiB are decoded on a worker thread so the event loop keeps serving.
+- :func:`serve` runs a collector until SIGTERM or SIGINT (a second signal stops waiting
+  for a busy store) and returns the exit code: 0 once drained, 75 (EX_TEMPFAIL) when
+  spans had to stay in the journal (they go into the store at the next start), 1 when the
+  server failed. Call it from the main thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any, Final
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from treellm.collector.config import DEFAULTS, CollectorConfig, journal_folder
+from treellm.collector.decode import Decoded, Encoding, decode_request, decompress
+from treellm.collector.errors import BadRequest, CollectorError, JournalError, Overloaded, PayloadTooLarge
+from treellm.collector.flusher import Flusher, FlusherStats
+from treellm.collector.journal import Journal, JournalStats
+from treellm.collector.protocol import (
+    bearer_matches,
+    content_coding,
+    media_type,
+    request_encoding,
+    status_body,
+    success_body,
+)
+from treellm.errors import ConfigError
+
+__all__ = ["EXIT_DRAINED", "EXIT_JOURNAL_KEPT", "EXIT_SERVER_FAILED", "Collector", "CollectorStats", "serve"]
+
+logger = logging.getLogger(__name__)
+
+TRACES_PATH: Final = "/v1/traces"
+EXIT_DRAINED: Final = 0
+EXIT_SERVER_FAILED: Final = 1
+EXIT_JOURNAL_KEPT: Final = 75  # EX_TEMPFAIL: try again later
+_THREAD_DECODE_BYTES: Final = 256 * 1024
+_START_TIMEOUT_S: Final = 10.0
+_GRACEFUL_S: Final = 10
+
+
+@dataclass(frozen=True, slots=True)
+class CollectorStats:
+    requests: int
+    accepted_spans: int
+    rejected_spans: int
+    refused: int
+    journal: JournalStats
+    flusher: FlusherStats
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its signal handling: the collector's owner decides when to stop."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Any:
+        yield
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise CollectorError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise CollectorError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    return sock
+
+
+class Collector:
+    """An OTLP/HTTP receiver writing into the store at ``db`` (see the module docstring)."""
+
+    def __init__(self, db: str | os.PathLike[str], config: CollectorConfig = DEFAULTS) -> None:
+        self.db = Path(db)
+        self.config = config
+        self.journal = Journal(
+            journal_folder(db, config),
+            max_segment_bytes=config.max_segment_bytes,
+            max_pending_bytes=config.max_pending_bytes,
+            max_journal_bytes=config.max_journal_bytes,
+        )
+        self.flusher = Flusher(self.db, self.journal, interval_s=config.flush_interval_s)
+        self.app = Starlette(
+            routes=[
+                Route(TRACES_PATH, self._traces, methods=["POST"]),
+                Route("/health", self._health, methods=["GET"]),
+            ]
+        )
+        self._retry_after = {"Retry-After": str(config.retry_after_s)}
+        self._socket: socket.socket | None = None
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._started = False
+        self._requests = 0
+        self._accepted = 0
+        self._rejected = 0
+        self._refused = 0
+        self.url = ""
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Open the journal (replaying what an earlier run left), start flushing, listen."""
+        if self._started:
+            raise CollectorError("the collector is already started")
+        sock = _bind(self.config.host, self.config.port)
+        try:
+            recovered = self.journal.open()
+        except BaseException:
+            sock.close()
+            raise
+        if recovered:
+            logger.info("replaying %d journal segment(s) left in %s", len(recovered), self.journal.folder)
+        self.flusher.start()
+        self._socket = sock
+        port = sock.getsockname()[1]
+        host = self.config.host if ":" not in self.config.host else f"[{self.config.host}]"
+        self.url = f"http://{host}:{port}{TRACES_PATH}"
+        config = uvicorn.Config(
+            self.app, host=self.config.host, port=port, log_config=None, access_log=False, lifespan="off",
+            ws="none", server_header=False, timeout_graceful_shutdown=_GRACEFUL_S,
+        )  # fmt: skip
+        self._server = _Server(config)
+        self._thread = threading.Thread(target=self._serve, name="treellm-collector-http", daemon=True)
+        self._started = True
+        self._thread.start()
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop(drain_timeout_s=0.0)
+                raise CollectorError(f"the HTTP server did not start on {self.url}")
+            time.sleep(0.01)
+        if not self.config.loopback and self.config.token is None:
+            logger.warning("listening on %s without a token: anyone who reaches it can write spans", self.url)
+        logger.info("listening on %s; journal %s; store %s", self.url, self.journal.folder, self.db)
+
+    def _serve(self) -> None:
+        assert self._server is not None and self._socket is not None
+        try:
+            asyncio.run(self._server.serve(sockets=[self._socket]))
+        except Exception:
+            logger.exception("the HTTP server of the collector failed")
+
+    @property
+    def running(self) -> bool:
+        """Whether the HTTP server thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self, *, drain_timeout_s: float | None = None, abort: threading.Event | None = None) -> bool:
+        """Stop accepting, finish requests under way, drain the journal; True when it is empty."""
+        if not self._started:
+            return True
+        self._started = False
+        self._stopping = True
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join()
+        if self._socket is not None:
+            self._socket.close()
+        self.journal.close()
+        self.flusher.stop()
+        timeout = self.config.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
+        drained = self.flusher.drain(time.monotonic() + timeout, abort)
+        if not drained:
+            left = self.journal.stats().unflushed_bytes
+            logger.warning(
+                "%d byte(s) of spans stay in the journal %s (the store %s is busy); they go into the store "
+                "when the collector starts again", left, self.journal.folder, self.db,
+            )  # fmt: skip
+        self.journal.release()
+        return drained
+
+    def __enter__(self) -> Collector:
+        self.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def stats(self) -> CollectorStats:
+        return CollectorStats(
+            self._requests, self._accepted, self._rejected, self._refused, self.journal.stats(), self.flusher.stats()
+        )
+
+    # -- HTTP ------------------------------------------------------------------------------------------
+
+    def _error(
+        self,
+        encoding: Encoding | None,
+        status: int,
+        message: str,
+        *,
+        field: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Response:
+        self._refused += 1
+        logger.debug("refused a request with %d: %s", status, message)
+        return Response(
+            status_body(encoding, status, message, field=field),
+            status_code=status,
+            media_type=media_type(encoding or "json"),
+            headers=headers,
+        )
+
+    async def _health(self, request: Request) -> Response:
+        return JSONResponse({"status": "stopping" if self._stopping else "ok", **self.stats().to_json()})
+
+    async def _traces(self, request: Request) -> Response:
+        self._requests += 1
+        headers = request.headers
+        encoding = request_encoding(headers.get("content-type"))
+        token = self.config.token
+        if token is not None and not bearer_matches(headers.get("authorization"), token):
+            return self._error(encoding, 401, "missing or wrong bearer token",
+                               headers={"WWW-Authenticate": 'Bearer realm="treellm"'})  # fmt: skip
+        if encoding is None:
+            return self._error(None, 415, f"unsupported Content-Type {headers.get('content-type')!r}: "
+                               "send application/x-protobuf or application/json")  # fmt: skip
+        coding = content_coding(headers.get("content-encoding"))
+        if coding is None:
+            return self._error(encoding, 415, f"unsupported Content-Encoding {headers.get('content-encoding')!r}: "
+                               "send gzip, deflate or none")  # fmt: skip
+        if self._stopping:
+            return self._error(encoding, 503, "the collector is shutting down", headers=self._retry_after)
+        refusal = self.journal.admission()
+        if refusal is not None:
+            return self._error(encoding, refusal.status, str(refusal), headers=self._retry_after)
+        limit = self.config.max_body_bytes
+        try:
+            body = await self._read_body(request, limit)
+            decoded = await self._decode(body, coding, encoding, limit)
+        except PayloadTooLarge as exc:
+            return self._error(encoding, 413, str(exc))
+        except BadRequest as exc:
+            return self._error(encoding, 400, exc.reason, field=exc.field)
+        if decoded.lines:
+            try:
+                future = self.journal.submit(b"".join(decoded.lines))
+            except Overloaded as exc:
+                return self._error(encoding, exc.status, str(exc), headers=self._retry_after)
+            except JournalError as exc:
+                return self._error(encoding, 503, str(exc), headers=self._retry_after)
+            try:
+                await asyncio.wrap_future(future)
+            except JournalError as exc:
+                return self._error(encoding, 503, str(exc), headers=self._retry_after)
+        self._accepted += decoded.accepted
+        self._rejected += decoded.rejected
+        return Response(success_body(encoding, decoded), status_code=200, media_type=media_type(encoding))
+
+    @staticmethod
+    async def _read_body(request: Request, limit: int) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            if not declared.strip().isdigit():
+                raise BadRequest(f"Content-Length is not a number: {declared!r}")
+            if int(declared) > limit:
+                raise PayloadTooLarge(f"the body ({declared} bytes) is above the {limit}-byte limit", limit=limit)
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"the body is above the {limit}-byte limit", limit=limit)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    @staticmethod
+    async def _decode(body: bytes, coding: Any, encoding: Encoding, limit: int) -> Decoded:
+        def work() -> Decoded:
+            return decode_request(decompress(body, coding, limit), encoding)
+
+        if len(body) > _THREAD_DECODE_BYTES or coding != "identity":
+            return await run_in_threadpool(work)
+        return work()
+
+
+def token_from_env(variable: str) -> str:
+    """The bearer token held by the environment variable ``variable`` (``--token-env``)."""
+    value = os.environ.get(variable, "").strip()
+    if not value:
+        raise ConfigError(f"--token-env: ${variable} is not set or empty; it must hold the bearer token",
+                          setting="token")  # fmt: skip
+    return value
+
+
+def serve(
+    db: str | os.PathLike[str],
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    token: str | None = None,
+    max_body_bytes: int | None = None,
+    config: CollectorConfig | None = None,
+    on_ready: Callable[[str], None] | None = None,
+) -> int:
+    """Run a collector on ``db`` until SIGTERM / SIGINT; returns the exit code (module docstring).
+
+    ``host``, ``port``, ``token`` and ``max_body_bytes`` override ``config`` (whose
+    defaults are :class:`CollectorConfig`'s); ``on_ready(url)`` is called once listening.
+    """
+    settings = (config or DEFAULTS).replace(host=host, port=port, token=token, max_body_bytes=max_body_bytes)
+    collector = Collector(db, settings)
+    stop, abort = threading.Event(), threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():
+            abort.set()
+            logger.warning("second signal: not waiting for the store any longer")
+        else:
+            stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        collector.start()
+        if on_ready is not None:
+            on_ready(collector.url)
+        failed = False
+        while not stop.wait(0.2):
+            if not collector.running:
+                failed = True
+                break
+        logger.info("stopping: draining the journal into %s", collector.db)
+        drained = collector.stop(abort=abort)
+    finally:
+        collector.stop(drain_timeout_s=0.0)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if failed:
+        return EXIT_SERVER_FAILED
+    return EXIT_DRAINED if drained else EXIT_JOURNAL_KEPT
