@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.treellm-installed
 
-.PHONY: demo test lint bench install clean constraints browser
+.PHONY: demo test lint bench install clean constraints browser js
 
 install: $(STAMP)
 
@@ -26,7 +26,15 @@ browser:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 	  echo "no chromium: the browser test will be skipped (unless TREELLM_REQUIRE_BROWSER=1)"
 
-test: $(STAMP) browser
+JS_STAMP := tests/js/node_modules/.package-lock.json
+
+# The official JavaScript OTLP exporter driven by tests/test_collector.py (pinned by tests/js/package-lock.json).
+js: $(JS_STAMP)
+$(JS_STAMP): tests/js/package.json tests/js/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { echo "no npm: the JavaScript exporter test will be skipped (unless TREELLM_REQUIRE_NODE=1)"; exit 0; }; \
+	npm ci --prefix tests/js --no-audit --no-fund --loglevel=error
+
+test: $(STAMP) browser js
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
@@ -46,4 +54,4 @@ constraints:
 	rm -rf .venv-pin
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache tests/js/node_modules

@@ -9,6 +9,7 @@ import pytest
 import treellm
 
 PUBLIC = {
+    "treellm.collector": {"Collector", "CollectorConfig", "CollectorStats", "serve", "token_from_env"},
     "treellm.analysis": {
         "Filters",
         "classify_pair",

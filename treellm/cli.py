@@ -118,6 +118,12 @@ def _serve(args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
+def _cmd_collect(args: argparse.Namespace) -> int:
+    from treellm.collector.command import run
+
+    return int(run(args))
+
+
 def _cmd_dashboard(args: argparse.Namespace) -> int:
     return _serve(args)
 
@@ -502,6 +508,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--host", default="127.0.0.1", help="dashboard address (default %(default)s)")
     demo.add_argument("--port", type=int, default=8501, help="dashboard port (default %(default)s)")
     demo.set_defaults(func=_cmd_demo)
+
+    from treellm.collector.command import DESCRIPTION, EPILOG, add_arguments
+
+    collect = sub.add_parser(
+        "collect",
+        help="receive OTLP/HTTP traces on /v1/traces into the store (durable journal, live dashboard)",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(collect)
+    collect.set_defaults(func=_cmd_collect)
 
     dashboard = sub.add_parser(
         "dashboard",

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from treellm.errors import ConfigError
 
-__all__ = ["DEFAULTS", "CollectorConfig", "journal_folder"]
+__all__ = ["DEFAULTS", "CollectorConfig", "journal_folder", "parse_size"]
 
 _MiB = 1024 * 1024
 # The receiver checks that a body parsed as protobuf is one message (not the Collector file
@@ -45,8 +46,9 @@ class CollectorConfig:
     - ``token``: when set, requests need ``Authorization: Bearer <token>`` (else 401).
     - ``max_body_bytes``: the largest body, as sent and once decompressed (else 413);
       20 MiB, as the OpenTelemetry Collector's HTTP receiver.
-    - ``flush_interval_s``: the pause between two flushes of the journal into the store
-      (the dashboard sees data this much later, plus the flush itself).
+    - ``flush_interval_s``: how often the journal is flushed into the store (the start of
+      one flush to the next; after a flush longer than half of it, a pause of half of it,
+      which readers get to themselves). Readers see data about this much later, plus a flush.
     - ``max_segment_bytes``: a journal segment is closed at this size even between flushes,
       so one flush transaction stays bounded while the store is busy.
     - ``max_pending_bytes``: bytes waiting for the journal's fsync; above it, 429.
@@ -63,7 +65,7 @@ class CollectorConfig:
     token: str | None = field(default=None, repr=False)
     max_body_bytes: int = 20 * _MiB
     flush_interval_s: float = 1.0
-    max_segment_bytes: int = 64 * _MiB
+    max_segment_bytes: int = 32 * _MiB
     max_pending_bytes: int = 64 * _MiB
     max_journal_bytes: int = 1024 * _MiB
     retry_after_s: int = 2
@@ -116,3 +118,16 @@ def journal_folder(db: str | os.PathLike[str], config: CollectorConfig) -> Path:
         return config.journal_dir
     path = Path(db)
     return path.with_name(path.name + ".collector")
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*(|b|k|kb|kib|m|mb|mib|g|gb|gib)\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
+          "g": 1000**3, "gb": 1000**3, "gib": 1024**3}  # fmt: skip
+
+
+def parse_size(text: str, *, setting: str = "size") -> int:
+    """``20MiB``, ``4mb``, ``1048576``... as a number of bytes."""
+    match = _SIZE.match(text)
+    if match is None:
+        raise ConfigError(f"{setting}: expected a size such as 20MiB, 512kB or 1048576, got {text!r}", setting=setting)
+    return int(match.group(1)) * _UNITS[match.group(2).lower()]

@@ -2,25 +2,39 @@
 
 Contract (runs on its own thread; never raises):
 
-- Every ``interval_s`` after the previous flush ended, it closes the open segment
-  (:meth:`Journal.cut`) and ingests the closed segments oldest first with
-  :func:`~treellm.store.ingest_file` (``otlp-jsonl``: one transaction per segment, the
-  DuckDB write lock held only for it), deleting each segment after its commit. Ingest is
-  idempotent by (trace_id, span_id), so a crash between the commit and the delete, or a
-  client's retry of a request, stores nothing twice.
+- One flush is one transaction: the oldest closed segment, or, when none waits, the
+  open segment closed for it (:meth:`Journal.cut`), ingested with
+  :func:`~treellm.store.ingest_file` (``otlp-jsonl``; the DuckDB write lock is held only
+  for it) and deleted after its commit. Ingest is idempotent by (trace_id, span_id), so a
+  crash between the commit and the delete, or a client's retry of a request, stores
+  nothing twice.
+- Flushes start every ``interval_s`` while they are short; after a long one (a busy
+  collector, or a backlog) the flusher still pauses ``interval_s / 2`` before the next, so
+  the lock is free for readers (the dashboard opens a read-only connection per query) at
+  least that long in every cycle. Segments are cut at the start of a flush, so the pause
+  and the flush itself set the batch size: the busier the collector, the larger (and the
+  cheaper per span) each transaction, and data reaches readers about one cycle after it
+  was acknowledged.
 - When the store is busy (a reader such as the dashboard or a report holds the file, or
-  another writer such as ``treellm ingest`` holds the lock), it gives up after
+  another writer such as ``treellm ingest`` holds the lock, or a read-only connection of
+  this same process holds it), it gives up after
   ``busy_retries`` short waits and tries again with exponential backoff (0.1 s doubling
   up to 2 s), oldest segment first; meanwhile the journal keeps taking requests (it
   answers 503 only above its bound). While it waits, no new segment is cut, so the open
   segment grows (up to ``max_segment_bytes``) and the flush after the wait is one larger
   transaction rather than many small ones.
-- A segment the store refuses as malformed (which the receiver's validation should make
-  impossible) is ingested again with ``skip_bad=True`` and moved to ``rejected/`` in the
-  journal folder, logged, never retried forever. Any other failure (disk, a corrupt store)
-  is logged, counted and retried with backoff: the journal keeps the data.
-- :meth:`Flusher.drain` (the owner's thread, after :meth:`Flusher.stop`) ingests what is
-  left until nothing is, the deadline passes or ``abort`` is set; True when nothing is left.
+- A segment the store refuses for its data (:class:`~treellm.errors.IngestError`, or a
+  DuckDB conversion, range, constraint or out-of-memory error: a line it cannot hold,
+  which the receiver's validation should make impossible, or a batch too large for the
+  ingester's memory limit) is split in two halves that are flushed on their own, and
+  so on: a good batch goes in in smaller transactions, and a bad line ends alone in a
+  one-line segment, which is moved to ``rejected/`` in the journal folder and logged. The
+  good lines are never held back by a bad one, and nothing is deleted. Any other failure
+  (disk, a corrupt store) is logged, counted and retried with backoff: the journal keeps
+  the data.
+- :meth:`Flusher.drain` (shutdown; the owner's thread, after :meth:`Flusher.stop`) flushes
+  segment after segment without pausing; True once nothing is left, False when the
+  deadline passes or ``abort`` is set first.
 """
 
 from __future__ import annotations
@@ -33,6 +47,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+import duckdb
 
 from treellm.collector.journal import Journal, Segment
 from treellm.errors import IngestError, StoreBusyError, StoreError
@@ -58,6 +74,28 @@ class FlusherStats:
     failures: int
     rejected_segments: int
     last_flush_monotonic: float | None
+
+
+# DuckDB errors that depend on the data of a batch (a value out of range, a line it cannot read,
+# a batch too large for the memory limit): smaller batches isolate them. Anything else (I/O, a
+# corrupt file, a full disk) is the environment's and is retried as it is.
+_DATA_ERRORS = (
+    duckdb.ConversionException,
+    duckdb.InvalidInputException,
+    duckdb.OutOfRangeException,
+    duckdb.ConstraintException,
+    duckdb.OutOfMemoryException,
+)
+
+
+def _refused_data(exc: StoreError) -> bool:
+    return isinstance(exc, IngestError) or isinstance(exc.__cause__, _DATA_ERRORS)
+
+
+def _same_process_reader(exc: StoreError) -> bool:
+    """DuckDB's answer when a connection of this very process (e.g. a reader embedded beside the
+    collector, or a test) holds the file with another configuration: busy, not broken."""
+    return "different configuration" in str(exc)
 
 
 class Flusher:
@@ -110,9 +148,11 @@ class Flusher:
     def _run(self) -> None:
         backoff = 0.0
         while not self._stop.is_set():
+            started = self._clock()
             outcome = self.flush()
             if outcome == "done":
-                backoff, pause = 0.0, self.interval_s
+                took = self._clock() - started
+                backoff, pause = 0.0, max(self.interval_s - took, self.interval_s / 2)
             else:
                 backoff = min(max(backoff * 2, _BACKOFF_FIRST_S), _BACKOFF_MAX_S)
                 pause = backoff
@@ -120,32 +160,31 @@ class Flusher:
             self._wake.clear()
 
     def flush(self) -> Outcome:
-        """The backlog first; when it is all in, cut the open segment and flush it too."""
+        """One transaction: the oldest closed segment, else the open one, cut now ("done" when none)."""
         with self._flush_lock:
-            outcome = self._flush_closed()
-            if outcome == "done" and self.journal.cut() is not None:
-                outcome = self._flush_closed()
-            return outcome
+            closed = self.journal.closed_segments()
+            if not closed:
+                segment = self.journal.cut()
+                if segment is None:
+                    return "done"
+                closed = [segment]
+            return self._flush_segment(closed[0])
 
     def drain(self, deadline: float, abort: threading.Event | None = None) -> bool:
         """Flush until the journal is empty (True), ``deadline`` (a ``clock`` time) passes or ``abort`` is set."""
         backoff = _BACKOFF_FIRST_S / 2
         while True:
-            if self.flush() == "done" and not self.journal.closed_segments():
-                return True
+            outcome = self.flush()
+            if outcome == "done":
+                if not self.journal.closed_segments() and self.journal.cut() is None:
+                    return True
+                continue
             left = deadline - self._clock()
             if left <= 0 or (abort is not None and abort.is_set()):
                 return False
             waiter = abort if abort is not None else threading.Event()
             waiter.wait(min(backoff, left))
             backoff = min(backoff * 2, _BACKOFF_MAX_S)
-
-    def _flush_closed(self) -> Outcome:
-        for segment in self.journal.closed_segments():
-            outcome = self._flush_segment(segment)
-            if outcome != "done":
-                return outcome
-        return "done"
 
     def _flush_segment(self, segment: Segment) -> Outcome:
         started = self._clock()
@@ -155,9 +194,16 @@ class Flusher:
             self._busy += 1
             logger.debug("the store %s is busy; %s waits in the journal", self.db, segment.path.name)
             return "busy"
-        except IngestError as exc:
-            return self._reject(segment, exc)
-        except (StoreError, OSError) as exc:
+        except StoreError as exc:
+            if _same_process_reader(exc):
+                self._busy += 1
+                return "busy"
+            if _refused_data(exc):
+                return self._reject(segment, exc)
+            self._failures += 1
+            logger.error("could not flush %s into %s (kept, retried): %s", segment.path, self.db, exc)
+            return "failed"
+        except OSError as exc:
             self._failures += 1
             logger.error("could not flush %s into %s (kept, retried): %s", segment.path, self.db, exc)
             return "failed"
@@ -172,20 +218,19 @@ class Flusher:
         )  # fmt: skip
         return "done"
 
-    def _reject(self, segment: Segment, exc: IngestError) -> Outcome:
-        logger.error("the store refuses %s: %s; keeping its good lines, moving it to rejected/", segment.path, exc)
+    def _reject(self, segment: Segment, exc: StoreError) -> Outcome:
         try:
-            report = self._ingest(self.db, segment.path, "otlp-jsonl", retries=self.busy_retries, skip_bad=True)
-        except StoreBusyError:
-            self._busy += 1
-            return "busy"
-        except (StoreError, OSError) as again:
-            logger.error("%s cannot be ingested even line by line: %s", segment.path, again)
-        else:
-            self._spans += report.spans
+            halves = self.journal.split(segment)
+        except OSError as error:
+            self._failures += 1
+            logger.error("could not split %s after the store refused it (%s): %s", segment.path, exc, error)
+            return "failed"
+        if halves is not None:
+            logger.warning("the store refused %s (%s); flushing its halves apart", segment.path.name, exc)
+            return "done"
         self._rejected += 1
         target = self.journal.quarantine(segment)
-        logger.error("moved %s to %s", segment.path.name, target)
+        logger.error("the store refuses a journaled line (%s); moved it to %s", exc, target)
         return "done"
 
     def stats(self) -> FlusherStats:

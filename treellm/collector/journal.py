@@ -21,7 +21,9 @@ Contract:
   One submission is always taken when nothing waits (a large request is never starved).
 - :meth:`Journal.cut` closes the open segment (the flusher calls it before each flush);
   a segment also closes when it reaches ``max_segment_bytes``. Closed segments are
-  immutable; :meth:`Journal.remove` deletes one after its spans are committed to the store.
+  immutable; :meth:`Journal.remove` deletes one after its spans are committed to the store;
+  :meth:`Journal.split` halves one the store refuses (to find a bad line, or to make a
+  transaction smaller); :meth:`Journal.quarantine` moves a refused single line aside.
 - Recovery: segments left by an earlier process are closed segments of this one. A torn
   last line (a write cut by a crash, never acknowledged) is truncated away first.
 """
@@ -47,6 +49,7 @@ LOCK_NAME = ".lock"
 REJECTED_FOLDER = "rejected"
 _SUFFIX = ".jsonl"
 _TAIL_STEP = 1 << 16
+_DATA_SYNC: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +115,7 @@ class Journal:
         max_segment_bytes: int,
         max_pending_bytes: int,
         max_journal_bytes: int,
-        sync: Callable[[int], None] = os.fdatasync,
+        sync: Callable[[int], None] = _DATA_SYNC,
     ) -> None:
         self.folder = Path(folder)
         self.max_segment_bytes = max_segment_bytes
@@ -166,8 +169,7 @@ class Journal:
                 owner = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
                 os.close(fd)
                 raise CollectorError(
-                    f"the journal {self.folder} is in use by another collector (pid {owner}); "
-                    "one collector per store"
+                    f"the journal {self.folder} is in use by another collector (pid {owner}); one collector per store"
                 ) from None
             try:
                 same = os.fstat(fd).st_ino == os.stat(path).st_ino  # not unlinked by an owner that just left
@@ -366,6 +368,38 @@ class Journal:
         """Delete a segment whose spans are in the store."""
         segment.path.unlink(missing_ok=True)
         self._forget(segment)
+
+    def split(self, segment: Segment) -> tuple[Segment, Segment] | None:
+        """Replace a closed segment of two lines or more by two segments holding its halves, in its
+        place at the head of the queue (None for a single line). Crash-safe: the halves are fsync'd
+        before the original goes; a crash in between replays both, which ingest deduplicates."""
+        lines = segment.path.read_bytes().splitlines(keepends=True)
+        if len(lines) < 2:
+            return None
+        middle = len(lines) // 2
+        halves = []
+        for part in (lines[:middle], lines[middle:]):
+            with self._lock:
+                sequence = self._next_sequence
+                self._next_sequence += 1
+            path = self.folder / f"{sequence:016d}{_SUFFIX}"
+            data = b"".join(part)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            halves.append(Segment(path, len(data), sequence))
+        _fsync_folder(self.folder)
+        with self._lock:
+            index = self._closed.index(segment) if segment in self._closed else 0
+            self._closed[index : index + 1] = halves
+            self._closed_bytes += sum(h.size for h in halves) - segment.size
+        segment.path.unlink(missing_ok=True)
+        return halves[0], halves[1]
 
     def quarantine(self, segment: Segment) -> Path:
         """Move a segment the store refuses to ``rejected/`` (kept for inspection); returns its new path."""

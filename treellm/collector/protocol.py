@@ -113,9 +113,7 @@ def success_body(encoding: Encoding, decoded: Decoded | None) -> bytes:
     return orjson.dumps({"partialSuccess": {"rejectedSpans": str(decoded.rejected), "errorMessage": message}})
 
 
-def status_body(
-    encoding: Encoding | None, http_status: int, message: str, *, field: str | None = None
-) -> bytes:
+def status_body(encoding: Encoding | None, http_status: int, message: str, *, field: str | None = None) -> bytes:
     """A ``google.rpc.Status`` for a failed request; a ``400`` names the field in a ``BadRequest``."""
     code = _GRPC_CODE.get(http_status, code_pb2.UNKNOWN)
     if encoding == "protobuf":

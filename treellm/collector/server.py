@@ -24,7 +24,6 @@ Contract:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -40,7 +39,7 @@ from typing import Any, Final
 import uvicorn
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -50,6 +49,7 @@ from treellm.collector.errors import BadRequest, CollectorError, JournalError, O
 from treellm.collector.flusher import Flusher, FlusherStats
 from treellm.collector.journal import Journal, JournalStats
 from treellm.collector.protocol import (
+    ContentCoding,
     bearer_matches,
     content_coding,
     media_type,
@@ -59,7 +59,15 @@ from treellm.collector.protocol import (
 )
 from treellm.errors import ConfigError
 
-__all__ = ["EXIT_DRAINED", "EXIT_JOURNAL_KEPT", "EXIT_SERVER_FAILED", "Collector", "CollectorStats", "serve"]
+__all__ = [
+    "EXIT_DRAINED",
+    "EXIT_JOURNAL_KEPT",
+    "EXIT_SERVER_FAILED",
+    "Collector",
+    "CollectorStats",
+    "serve",
+    "token_from_env",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -83,14 +91,6 @@ class CollectorStats:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-class _Server(uvicorn.Server):
-    """uvicorn without its signal handling: the collector's owner decides when to stop."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Any:
-        yield
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -131,7 +131,7 @@ class Collector:
         )
         self._retry_after = {"Retry-After": str(config.retry_after_s)}
         self._socket: socket.socket | None = None
-        self._server: _Server | None = None
+        self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._started = False
@@ -145,8 +145,8 @@ class Collector:
 
     def start(self) -> None:
         """Open the journal (replaying what an earlier run left), start flushing, listen."""
-        if self._started:
-            raise CollectorError("the collector is already started")
+        if self._started or self._stopping:
+            raise CollectorError("a collector starts once: make a new one to start again")
         sock = _bind(self.config.host, self.config.port)
         try:
             recovered = self.journal.open()
@@ -164,7 +164,7 @@ class Collector:
             self.app, host=self.config.host, port=port, log_config=None, access_log=False, lifespan="off",
             ws="none", server_header=False, timeout_graceful_shutdown=_GRACEFUL_S,
         )  # fmt: skip
-        self._server = _Server(config)
+        self._server = uvicorn.Server(config)  # on its own thread: uvicorn leaves the signals alone
         self._thread = threading.Thread(target=self._serve, name="treellm-collector-http", daemon=True)
         self._started = True
         self._thread.start()
@@ -276,6 +276,9 @@ class Collector:
         try:
             body = await self._read_body(request, limit)
             decoded = await self._decode(body, coding, encoding, limit)
+        except ClientDisconnect:  # the client gave up while sending: nobody to answer
+            self._refused += 1
+            return Response(status_code=400)
         except PayloadTooLarge as exc:
             return self._error(encoding, 413, str(exc))
         except BadRequest as exc:
@@ -313,7 +316,7 @@ class Collector:
         return b"".join(chunks)
 
     @staticmethod
-    async def _decode(body: bytes, coding: Any, encoding: Encoding, limit: int) -> Decoded:
+    async def _decode(body: bytes, coding: ContentCoding, encoding: Encoding, limit: int) -> Decoded:
         def work() -> Decoded:
             return decode_request(decompress(body, coding, limit), encoding)
 
