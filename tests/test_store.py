@@ -254,3 +254,32 @@ def test_migrations_are_named_ordered_and_recorded_once(tmp_path: Path) -> None:
         "0003_earlier_calls",
     ]
     con.close()
+
+
+def test_a_large_file_is_staged_in_chunks_within_one_transaction(
+    tmp_path: Path, demo_jsonl: tuple[Path, RunResult], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+
+    ingest_module = importlib.import_module("treellm.store.ingest")  # the module, not the re-exported function
+
+    path, result = demo_jsonl
+    monkeypatch.setattr(ingest_module, "CHUNK_BYTES", 8 * 1024)  # the demo file is ~50 KB: several chunks
+    db = tmp_path / "chunked.duckdb"
+    report = ingest(db, [path])
+    assert report.spans == result.stats.nodes + 3 and report.runs == 1
+    con = open_store(db, read_only=True)
+    assert_views_match_the_run(con, result)
+    con.close()
+    data, _, reason = corrupt_variants(path.read_bytes())["bad ids"]
+    lines = data.splitlines(keepends=True)
+    late = tmp_path / "late.jsonl"
+    late.write_bytes(b"".join([*lines[:2], *lines[3:], lines[2]]))  # the bad line last: in the last chunk
+    fresh_db = tmp_path / "fresh.duckdb"
+    open_store(fresh_db).close()
+    with pytest.raises(IngestError) as caught:
+        ingest_file(fresh_db, late, "otlp-jsonl")
+    assert caught.value.line == len(lines) and reason in str(caught.value)
+    con = open_store(fresh_db, read_only=True)
+    assert rows(con, "SELECT count(*) FROM spans") == [(0,)]  # the earlier chunks were rolled back too
+    con.close()

@@ -152,8 +152,15 @@ def _span_problem(span: object) -> str | None:
         if not _int_text(span.get(key)):
             return f"{key}: expected an integer (as text), got {span.get(key)!r}"
     kind = span.get("kind", 0)
-    if not isinstance(kind, int) or isinstance(kind, bool):
-        return f"kind: expected an integer, got {kind!r}"
+    if not isinstance(kind, int) or isinstance(kind, bool) or not 0 <= kind <= 5:
+        return f"kind: expected an integer from 0 to 5, got {kind!r}"
+    status = span.get("status", {})
+    code = status.get("code", 0) if isinstance(status, dict) else None
+    if not isinstance(code, int) or isinstance(code, bool) or not 0 <= code <= 2:
+        return f"status.code: expected an integer from 0 to 2, got {code!r}"
+    for key in ("events", "links"):
+        if not isinstance(span.get(key, []), list):
+            return f"{key}: expected a list, got {span.get(key)!r}"
     attributes = span.get("attributes", [])
     if not isinstance(attributes, list) or any(
         not isinstance(a, dict) or not isinstance(a.get("key"), str) or not isinstance(a.get("value", {}), dict)
@@ -344,37 +351,72 @@ def _transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
     con.execute("COMMIT")
 
 
+CHUNK_BYTES = 48 * 1024 * 1024
+"""Files larger than this are staged in chunks of whole lines (one transaction still), so
+the memory an ingest needs does not grow with the file."""
+
+
+def _chunks(jsonl: Path, folder: Path) -> Iterator[Path]:
+    """The file itself when small, else copies of consecutive runs of whole lines."""
+    if jsonl.stat().st_size <= CHUNK_BYTES:
+        yield jsonl
+        return
+    with jsonl.open("rb") as source:
+        index = 0
+        while True:
+            part = folder / f"chunk-{index}.jsonl"
+            written = 0
+            with part.open("wb") as out:
+                for line in source:
+                    out.write(line)
+                    written += len(line)
+                    if written >= CHUNK_BYTES:
+                        break
+            if written == 0:
+                part.unlink()
+                return
+            yield part
+            part.unlink()
+            index += 1
+
+
+def _load_chunk(con: duckdb.DuckDBPyConnection, chunk: Path, *, original: Path, display: str) -> tuple[int, int, int]:
+    """Stage, validate, insert and finish one chunk inside the caller's transaction."""
+    try:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE stage AS {stage_sql(_read_expression(chunk))}", {"source": display})
+    except duckdb.Error as exc:
+        raise _first_problem(original, display) from exc
+    if con.execute(VALIDATE_SQL).fetchone() is not None:
+        raise _first_problem(original, display)
+    new, duplicates = _insert_staged(con)
+    _finish_foreign(con)
+    runs = _count(
+        con,
+        "SELECT count(*) FROM spans s SEMI JOIN fresh f USING (trace_id, span_id) "
+        "WHERE s.skill_name IS NULL AND (s.span_id = split_part(s.run_id, ':', 2) "
+        "OR (s.operation = 'invoke_agent' AND s.node_id IS NULL AND s.run_id IS NOT NULL))",
+    )
+    con.execute("DROP VIEW IF EXISTS fresh")
+    con.execute("DROP TABLE IF EXISTS fresh_rows")
+    con.execute("DROP TABLE IF EXISTS stored_keys")
+    con.execute("DROP TABLE IF EXISTS stage")
+    return new, runs, duplicates
+
+
 def _load_jsonl(db: Path, jsonl: Path, *, display: str, retries: int = 20) -> tuple[int, int, int]:
-    """One transaction: stage, validate, insert, finish. Returns (spans, runs, duplicates)."""
+    """One transaction: stage, validate, insert, finish (chunk by chunk for large files).
+    Returns (spans, runs, duplicates)."""
     con = open_store(db, retries=retries)
     try:
         con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
         con.execute("SET preserve_insertion_order = false")
         con.execute(MACROS)
-        with _transaction(con):
-            try:
-                con.execute(
-                    f"CREATE OR REPLACE TEMP TABLE stage AS {stage_sql(_read_expression(jsonl))}",
-                    {"source": display},
-                )
-            except duckdb.Error as exc:
-                raise _first_problem(jsonl, display) from exc
-            bad = con.execute(VALIDATE_SQL).fetchone()
-            if bad is not None:
-                raise _first_problem(jsonl, display)
-            new, duplicates = _insert_staged(con)
-            _finish_foreign(con)
-            runs = _count(
-                con,
-                "SELECT count(*) FROM spans s SEMI JOIN fresh f USING (trace_id, span_id) "
-                "WHERE s.skill_name IS NULL AND (s.span_id = split_part(s.run_id, ':', 2) "
-                "OR (s.operation = 'invoke_agent' AND s.node_id IS NULL AND s.run_id IS NOT NULL))",
-            )
-            con.execute("DROP VIEW IF EXISTS fresh")
-            con.execute("DROP TABLE IF EXISTS fresh_rows")
-            con.execute("DROP TABLE IF EXISTS stored_keys")
-            con.execute("DROP TABLE IF EXISTS stage")
-        return new, runs, duplicates
+        totals = [0, 0, 0]
+        with tempfile.TemporaryDirectory(prefix="treellm-chunks-") as tmp, _transaction(con):
+            for chunk in _chunks(jsonl, Path(tmp)):
+                for i, value in enumerate(_load_chunk(con, chunk, original=jsonl, display=display)):
+                    totals[i] += value
+        return totals[0], totals[1], totals[2]
     except duckdb.Error as exc:
         raise StoreError(f"{display}: the store refused the data: {exc}", path=display) from exc
     finally:

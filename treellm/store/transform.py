@@ -152,5 +152,6 @@ WHERE trace_id IS NULL OR span_id IS NULL OR name IS NULL OR start_ns IS NULL OR
    OR NOT regexp_full_match(trace_id, '[0-9a-f]{32}') OR NOT regexp_full_match(span_id, '[0-9a-f]{16}')
    OR (parent_span_id IS NOT NULL AND NOT regexp_full_match(parent_span_id, '[0-9a-f]{16}'))
    OR trace_id = '00000000000000000000000000000000' OR span_id = '0000000000000000'
+   OR kind NOT BETWEEN 0 AND 5 OR status_code NOT BETWEEN 0 AND 2
 LIMIT 1
 """
