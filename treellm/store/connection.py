@@ -37,8 +37,9 @@ def default_db_path() -> Path:
 
 
 def _is_lock_conflict(exc: Exception) -> bool:
+    """Another process holds the lock, or (in this process) a connection of the other mode is open."""
     text = str(exc)
-    return "Could not set lock" in text or "Conflicting lock" in text
+    return "Could not set lock" in text or "Conflicting lock" in text or "different configuration" in text
 
 
 def apply_migrations(con: duckdb.DuckDBPyConnection) -> list[str]:
