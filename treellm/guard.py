@@ -15,7 +15,6 @@ share one guard. Observers are called on the calling thread.
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
 import time
 import uuid
@@ -40,6 +39,7 @@ from treellm.engine.events import (
     ToolComplete,
     ToolError,
     ToolStart,
+    notify,
 )
 from treellm.engine.nodes import NodeStatus, PrunedCall, ToolNode
 from treellm.engine.tools import result_hash, result_text
@@ -49,8 +49,6 @@ from treellm.signature import parse_arguments
 from treellm.telemetry.observer import TelemetryObserver
 
 __all__ = ["GuardDecision", "LoopGuard"]
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,12 +160,7 @@ class LoopGuard:
             self.clock() if time_ns is None else time_ns,
             payload,
         )
-        for observer in list(self.observers):
-            try:
-                observer(event)
-            except Exception:  # an observer's bug must never stop the agent
-                logger.exception("observer %r raised on %s; detached", observer, event.type)
-                self.observers.remove(observer)
+        notify(self.observers, event)
 
     def _conversation(self, path: Hashable) -> _Conversation:
         conv = self._conversations.get(path)

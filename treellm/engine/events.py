@@ -9,6 +9,7 @@ the run's event loop thread; one that raises is logged and detached.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -44,7 +45,10 @@ __all__ = [
     "ToolError",
     "ToolRetry",
     "ToolStart",
+    "notify",
 ]
+
+logger = logging.getLogger(__name__)
 
 Outcome = Literal["completed", "budget_exhausted", "pruned_out", "failed"]
 
@@ -264,6 +268,17 @@ class Event:
 
 
 Observer = Callable[[Event], None]
+
+
+def notify(observers: list[Observer], event: Event) -> None:
+    """Call each observer with ``event``, in order; one that raises is logged and removed
+    from ``observers`` (an observer's bug must never stop the agent)."""
+    for observer in list(observers):
+        try:
+            observer(event)
+        except Exception:  # an observer's bug must never stop the agent
+            logger.exception("observer %r raised on %s; detached", observer, event.type)
+            observers.remove(observer)
 
 
 class ChunkType(StrEnum):

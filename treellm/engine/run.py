@@ -20,7 +20,6 @@ import dataclasses
 import inspect
 import itertools
 import json
-import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -49,6 +48,7 @@ from treellm.engine.events import (
     ToolError,
     ToolRetry,
     ToolStart,
+    notify,
 )
 from treellm.engine.nodes import CollapseNode, Node, NodeKind, NodeStatus, PrunedCall, ThinkNode, ToolNode
 from treellm.engine.tools import (
@@ -77,7 +77,6 @@ from treellm.signature import RawArguments, canonical_json, parse_arguments
 
 __all__ = ["BranchEnd", "Run", "SubTree", "tree_outcome"]
 
-logger = logging.getLogger(__name__)
 
 Clock = Callable[[], int]
 Sleep = Callable[[float], Awaitable[None]]
@@ -262,12 +261,7 @@ class Run:
             payload,
         )
         self.events.append(event)
-        for observer in list(self._observers):
-            try:
-                observer(event)
-            except Exception:  # an observer's bug must never stop the agent
-                logger.exception("observer %r raised on %s; detached for the rest of the run", observer, event.type)
-                self._observers.remove(observer)
+        notify(self._observers, event)
 
     def chunk(self, kind: ChunkType, content: str, node_id: str | None = None) -> None:
         chunk = Chunk(kind, content, node_id)
