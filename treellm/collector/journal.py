@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from treellm.collector.errors import CollectorError, JournalError, Overloaded
+from treellm.exporters.jsonl import end_of_last_line
 
 __all__ = ["Journal", "JournalStats", "Segment"]
 
@@ -48,7 +49,6 @@ logger = logging.getLogger(__name__)
 LOCK_NAME = ".lock"
 REJECTED_FOLDER = "rejected"
 _SUFFIX = ".jsonl"
-_TAIL_STEP = 1 << 16
 _DATA_SYNC: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
 
 
@@ -82,16 +82,8 @@ def _fsync_folder(folder: Path) -> None:
 def truncate_torn_tail(path: Path) -> int:
     """Cut ``path`` after its last newline; returns the bytes dropped."""
     size = path.stat().st_size
-    end = size
     with path.open("rb") as handle:
-        while end > 0:
-            start = max(0, end - _TAIL_STEP)
-            handle.seek(start)
-            cut = handle.read(end - start).rfind(b"\n")
-            if cut >= 0:
-                end = start + cut + 1
-                break
-            end = start
+        end = end_of_last_line(handle, size)
     if end < size:
         with path.open("r+b") as handle:
             handle.truncate(end)

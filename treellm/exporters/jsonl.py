@@ -32,6 +32,7 @@ import threading
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
+from typing import IO
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -45,8 +46,12 @@ logger = logging.getLogger(__name__)
 _SCAN_CHUNK = 64 * 1024
 
 
-def _end_of_last_line(file: io.BufferedRandom, size: int) -> int:
-    """Offset just past the last ``"\\n"`` among the first ``size`` bytes (0 when none)."""
+def end_of_last_line(file: IO[bytes], size: int) -> int:
+    """Offset just past the last ``"\\n"`` among the first ``size`` bytes (0 when none).
+
+    The one tail scan of the append-only JSONL files (this exporter, the ingest of a
+    crashed writer's file, the collector's journal): 64 KiB steps backwards from ``size``.
+    """
     end = size
     while end > 0:
         start = max(0, end - _SCAN_CHUNK)
@@ -67,7 +72,7 @@ def _drop_torn_tail(file: io.BufferedRandom) -> int:
     file.seek(size - 1)
     if file.read(1) == b"\n":
         return 0
-    keep = _end_of_last_line(file, size - 1)
+    keep = end_of_last_line(file, size - 1)
     file.truncate(keep)
     file.seek(0, os.SEEK_END)
     return size - keep

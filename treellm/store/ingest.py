@@ -35,6 +35,7 @@ import pandas as pd
 
 from treellm.engine.tools import result_hash
 from treellm.errors import IngestError, StoreError
+from treellm.exporters.jsonl import end_of_last_line
 from treellm.otlp import json_line
 from treellm.signature import RawArguments, parse_arguments, signature
 from treellm.store.connection import open_store
@@ -598,17 +599,7 @@ def copy_without_torn_tail(path: Path, target: Path) -> int:
     """Copy ``path`` up to its last newline; returns the bytes dropped."""
     size = path.stat().st_size
     with path.open("rb") as src:
-        data_end = size
-        step = 1 << 16
-        while data_end > 0:
-            start = max(0, data_end - step)
-            src.seek(start)
-            chunk = src.read(data_end - start)
-            cut = chunk.rfind(b"\n")
-            if cut >= 0:
-                data_end = start + cut + 1
-                break
-            data_end = start
+        data_end = end_of_last_line(src, size)
         src.seek(0)
         with target.open("wb") as out:
             shutil.copyfileobj(_Limited(src, data_end), out, 1 << 20)
