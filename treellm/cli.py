@@ -330,9 +330,18 @@ def _add_reader_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tool", help="only this tool")
 
 
+def _command(sub: Any, name: str, **options: Any) -> argparse.ArgumentParser:
+    """A subcommand; its epilog (the example) keeps its line breaks."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, formatter_class=argparse.RawDescriptionHelpFormatter, **options
+    )
+    return parser
+
+
 def _add_data_commands(sub: Any) -> None:
     """ingest, export, gc, simulate, report and tune."""
-    ingest = sub.add_parser(
+    ingest = _command(
+        sub,
         "ingest",
         help="ingest trace files (OTLP JSON lines or document, OTLP protobuf, SDK span JSON, chat trajectories)",
         description=(
@@ -340,7 +349,6 @@ def _add_data_commands(sub: Any) -> None:
             "Folders are walked. The store is --db, else $TREELLM_DB, else ./treellm.duckdb."
         ),
         epilog="example:\n  treellm ingest traces/*.jsonl --db runs.duckdb --json",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ingest.add_argument("paths", nargs="+", metavar="PATH", help="files or folders")
     ingest.add_argument("--db", help="the store (default $TREELLM_DB or ./treellm.duckdb)")
@@ -356,7 +364,8 @@ def _add_data_commands(sub: Any) -> None:
     ingest.add_argument("--json", action="store_true", help="print one JSON object with the counts")
     ingest.set_defaults(func=_cmd_ingest)
 
-    export = sub.add_parser(
+    export = _command(
+        sub,
         "export",
         help="export the store's raw tables as hive-partitioned Parquet (by service and day)",
         description=(
@@ -364,24 +373,24 @@ def _add_data_commands(sub: Any) -> None:
             "Spark, Trino or ClickHouse read; `treellm report --parquet DIR...` reads one or more such folders."
         ),
         epilog="example:\n  treellm export --db runs.duckdb --parquet warehouse/",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     export.add_argument("--db", help="the store (default $TREELLM_DB or ./treellm.duckdb)")
     export.add_argument("--parquet", required=True, metavar="DIR", help="the folder to write")
     export.set_defaults(func=_cmd_export)
 
-    gc = sub.add_parser(
+    gc = _command(
+        sub,
         "gc",
         help="delete runs older than an age and reclaim space",
         description="Delete the runs that started longer ago than --older-than (with all their spans).",
         epilog="example:\n  treellm gc --db runs.duckdb --older-than 30d",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     gc.add_argument("--db", help="the store (default $TREELLM_DB or ./treellm.duckdb)")
     gc.add_argument("--older-than", required=True, help="an age such as 30d, 12h or 2w")
     gc.set_defaults(func=_cmd_gc)
 
-    simulate = sub.add_parser(
+    simulate = _command(
+        sub,
         "simulate",
         help="simulate agent runs with planted behaviour and write them as OTLP JSON lines",
         description=(
@@ -389,7 +398,6 @@ def _add_data_commands(sub: Any) -> None:
             "telemetry pipeline. The same seed gives the same bytes."
         ),
         epilog="example:\n  treellm simulate --runs 300 --seed 7 --out day.jsonl --persona coder --persona operator",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     simulate.add_argument("--runs", type=int, default=100, help="number of runs (default %(default)s)")
     simulate.add_argument("--seed", type=int, default=0, help="the seed (default %(default)s)")
@@ -407,18 +415,19 @@ def _add_data_commands(sub: Any) -> None:
     )
     simulate.set_defaults(func=_cmd_simulate)
 
-    report = sub.add_parser(
+    report = _command(
+        sub,
         "report",
         help="per-tool calls, prunes, exact, productive, wasted and near repeats",
         description="Report runs, tool calls and prunes, and per tool: prune rate and repeat outcomes.",
         epilog="example:\n  treellm report --db runs.duckdb --service coding-agent --format json",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_reader_options(report)
     report.add_argument("--format", choices=["table", "json"], default="table", help="output (default %(default)s)")
     report.set_defaults(func=_cmd_report)
 
-    tune = sub.add_parser(
+    tune = _command(
+        sub,
         "tune",
         help="recommend each tool's max_repeats from the data (keep, raise, lower, mutates, insufficient_data)",
         description=(
@@ -427,7 +436,6 @@ def _add_data_commands(sub: Any) -> None:
             "`treellm run --limits` load."
         ),
         epilog="example:\n  treellm tune --db runs.duckdb --format toml > limits.toml",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_reader_options(tune)
     tune.add_argument("--format", choices=["json", "toml"], default="json", help="output (default %(default)s)")
@@ -445,18 +453,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"treellm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    sign = sub.add_parser(
+    sign = _command(
+        sub,
         "sign",
         help="print the tree-llm signature and canonical JSON of a tool call",
         description="Print the tree-llm compatible signature of one tool call.",
         epilog='example:\n  treellm sign search \'{"query": "loop detection", "limit": 10}\'',
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sign.add_argument("tool", help="tool name")
     sign.add_argument("arguments", help="the call's arguments as the model sent them (JSON text)")
     sign.set_defaults(func=_cmd_sign)
 
-    run = sub.add_parser(
+    run = _command(
+        sub,
         "run",
         help="run a real agent against an OpenAI-compatible endpoint with safe read-only tools",
         description=(
@@ -468,7 +477,6 @@ def build_parser() -> argparse.ArgumentParser:
             "example:\n  treellm run --base-url http://localhost:11434/v1 --model qwen2.5 --root . "
             "'What does this project do?'"
         ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument("task", help="what the agent should do")
     run.add_argument("--base-url", help="the endpoint, e.g. https://api.openai.com/v1 (env TREELLM_BASE_URL)")
@@ -490,7 +498,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_data_commands(sub)
 
-    demo = sub.add_parser(
+    demo = _command(
+        sub,
         "demo",
         help="ingest the sample traces (or a fresh simulation), print the report and open the dashboard",
         description=(
@@ -498,7 +507,6 @@ def build_parser() -> argparse.ArgumentParser:
             "report and launch the dashboard, printing its URL. Works from any folder once treellm is installed."
         ),
         epilog="example:\n  treellm demo\n  treellm demo --runs 500 --no-dashboard",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     demo.add_argument("--db", help="the store (default $TREELLM_DB or ./treellm.duckdb)")
     demo.add_argument("--runs", type=int, default=0, help="simulate this many runs instead of the sample traces")
@@ -511,22 +519,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     from treellm.collector.command import DESCRIPTION, EPILOG, add_arguments
 
-    collect = sub.add_parser(
+    collect = _command(
+        sub,
         "collect",
         help="receive OTLP/HTTP traces on /v1/traces into the store (durable journal, live dashboard)",
         description=DESCRIPTION,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(collect)
     collect.set_defaults(func=_cmd_collect)
 
-    dashboard = sub.add_parser(
+    dashboard = _command(
+        sub,
         "dashboard",
         help="open the Streamlit dashboard on a store or Parquet folders",
         description="Serve the dashboard (overview, run explorer, tree shapes, tools, tuning) on loopback.",
         epilog="example:\n  treellm dashboard --db runs.duckdb --port 8501",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     source = dashboard.add_mutually_exclusive_group()
     source.add_argument("--db", help="the store (default $TREELLM_DB or ./treellm.duckdb)")
