@@ -352,7 +352,7 @@ def _transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
     con.execute("COMMIT")
 
 
-CHUNK_BYTES = 48 * 1024 * 1024
+CHUNK_BYTES = 256 * 1024 * 1024
 """Files larger than this are staged in chunks of whole lines (one transaction still), so
 the memory an ingest needs does not grow with the file."""
 
