@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.treellm-installed
 
-.PHONY: demo test lint bench install clean constraints browser js
+.PHONY: demo test lint bench install clean constraints browser js frameworks
 
 install: $(STAMP)
 
@@ -34,7 +34,21 @@ $(JS_STAMP): tests/js/package.json tests/js/package-lock.json
 	@command -v npm >/dev/null 2>&1 || { echo "no npm: the JavaScript exporter test will be skipped (unless TREELLM_REQUIRE_NODE=1)"; exit 0; }; \
 	npm ci --prefix tests/js --no-audit --no-fund --loglevel=error
 
-test: $(STAMP) browser js
+# One virtual environment per real agent framework (tests/frameworks/<name>/), built when
+# missing or when its pins change; the framework tests drive them and never skip.
+FRAMEWORKS := $(patsubst tests/frameworks/%/requirements.txt,%,$(wildcard tests/frameworks/*/requirements.txt))
+FW_STAMPS  := $(FRAMEWORKS:%=.venv-fw/%/.installed)
+
+frameworks: $(FW_STAMPS)
+
+.venv-fw/%/.installed: tests/frameworks/%/requirements.txt tests/frameworks/%/constraints.txt
+	rm -rf .venv-fw/$*
+	$(PYTHON) -m venv .venv-fw/$*
+	.venv-fw/$*/bin/python -m pip install --quiet --disable-pip-version-check \
+	  -r tests/frameworks/$*/requirements.txt -c tests/frameworks/$*/constraints.txt
+	@touch $@
+
+test: $(STAMP) browser js frameworks
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
@@ -54,4 +68,4 @@ constraints:
 	rm -rf .venv-pin
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache tests/js/node_modules
+	rm -rf $(VENV) .venv-fw .pytest_cache .mypy_cache .ruff_cache tests/js/node_modules

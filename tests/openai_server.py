@@ -51,6 +51,7 @@ __all__ = [
     "Reply",
     "StreamErrorReply",
     "Turn",
+    "completion_json",
     "history_problem",
     "request_problem",
     "slow",
@@ -203,6 +204,26 @@ def turn_chunks(
     return chunks
 
 
+def completion_json(turn: Turn, *, model: str, number: int) -> dict[str, Any]:
+    """``turn`` as one non-streamed ``chat.completion`` object (request ``number``)."""
+    calls = [
+        {"id": c.id or f"call_{number}_{i}", "type": "function", "function": {"name": c.name, "arguments": c.arguments_text()}}
+        for i, c in enumerate(turn.tool_calls)
+    ]
+    message: dict[str, Any] = {"role": "assistant", "content": turn.text or None, "refusal": None}
+    if calls:
+        message["tool_calls"] = calls
+    prompt, completion = turn.usage or (0, 0)
+    return {
+        "id": f"chatcmpl-{number}",
+        "object": "chat.completion",
+        "created": _CREATED,
+        "model": model,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "tool_calls" if calls else "stop"}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+    }
+
+
 def stream_events(
     reply: Turn | StreamErrorReply, *, model: str, number: int, include_usage: bool, whole_calls: bool = False
 ) -> list[str]:
@@ -244,7 +265,7 @@ def _unanswered(pending: Mapping[str, int]) -> tuple[str, str]:
     return f"{HISTORY_MESSAGE} {detail}", f"messages.[{position}].role"
 
 
-def request_problem(body: Any) -> tuple[str, str | None] | None:
+def request_problem(body: Any, *, plain_json: bool = False) -> tuple[str, str | None] | None:
     """``(message, param)`` when a chat completions request is malformed, as a real server checks it."""
     if not isinstance(body, dict):
         return "We could not parse the JSON body of your request.", None
@@ -253,7 +274,7 @@ def request_problem(body: Any) -> tuple[str, str | None] | None:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         return "[] is too short - 'messages'", "messages"
-    if body.get("stream") is not True:
+    if body.get("stream") is not True and not plain_json:
         return "This test server only streams: send 'stream': true.", "stream"
     for position, message in enumerate(messages):
         problem = _message_problem(message, position)
@@ -292,6 +313,8 @@ class OpenAIServer:
     ``whole_calls=True`` sends every turn's tool calls whole with no ``index``.
     ``reject_stream_options=True`` answers 400 to any request carrying
     ``stream_options`` (as some OpenAI-compatible servers do), consuming no response.
+    ``plain_json=True`` also answers requests without ``"stream": true`` with one
+    ``chat.completion`` JSON object (frameworks that do not stream send those).
     """
 
     def __init__(
@@ -300,7 +323,9 @@ class OpenAIServer:
         *,
         whole_calls: bool = False,
         reject_stream_options: bool = False,
+        plain_json: bool = False,
     ) -> None:
+        self.plain_json = plain_json
         self._responder = script if callable(script) else None
         self._script: list[Reply] = [] if callable(script) else list(script)
         self._taken = 0
@@ -383,7 +408,7 @@ class OpenAIServer:
     def _reply_for(self, path: str, body: Any) -> Reply:
         if path.rstrip("/") != "/v1/chat/completions":
             return ErrorReply(404, f"Invalid URL (POST {path})")
-        problem = request_problem(body)
+        problem = request_problem(body, plain_json=self.plain_json)
         if problem is not None:
             return ErrorReply(400, problem[0], param=problem[1])
         if self.reject_stream_options and "stream_options" in body:
@@ -432,6 +457,9 @@ class _Handler(BaseHTTPRequestHandler):
             if isinstance(reply, ErrorReply):
                 owner._pause(reply.delay)
                 self._send_json(reply.status, reply.body(), reply.all_headers())
+            elif isinstance(reply, Turn) and body.get("stream") is not True:
+                owner._pause(reply.delay)
+                self._send_json(200, completion_json(reply, model=str(body["model"]), number=number), {})
             else:
                 self._send_stream(reply, body, number)
         except (BrokenPipeError, ConnectionResetError):

@@ -1,0 +1,77 @@
+"""The test side of the framework drivers (main virtual environment): the scripted server,
+building a framework's environment when it is missing, and running its driver.
+
+    with scenario_server() as server:
+        run_driver("langgraph", server.base_url, otlp_file=tmp / "spans.pb")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from openai_server import Call, OpenAIServer, Turn  # noqa: E402
+from scenario import Responder  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+
+def frameworks() -> list[str]:
+    return sorted(p.parent.name for p in HERE.glob("*/requirements.txt"))
+
+
+def _turn(reply: dict[str, Any]) -> Turn:
+    if "calls" in reply:
+        return Turn(tool_calls=[Call(name, arguments) for name, arguments in reply["calls"]])
+    return Turn(text=reply["text"])
+
+
+@contextlib.contextmanager
+def scenario_server() -> Iterator[OpenAIServer]:
+    """The fake model answering ``scenario.RUNS`` (fresh per-run turn counters)."""
+    responder = Responder()
+    with OpenAIServer(lambda body: _turn(responder.reply(body)), plain_json=True) as server:
+        yield server
+
+
+def framework_python(name: str) -> Path:
+    """The framework's interpreter; builds its environment with make when it is missing."""
+    python = ROOT / ".venv-fw" / name / "bin" / "python"
+    stamp = ROOT / ".venv-fw" / name / ".installed"
+    if not stamp.exists():
+        subprocess.run(["make", "-C", str(ROOT), f".venv-fw/{name}/.installed"], check=True)
+    return python
+
+
+def run_driver(
+    name: str,
+    base_url: str,
+    *,
+    otlp_endpoint: str | None = None,
+    otlp_file: Path | None = None,
+    console_file: Path | None = None,
+    runs: str = "0-24",
+    timeout: float = 600,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``tests/frameworks/<name>/drive.py``; raises with its output when it fails."""
+    command = [str(framework_python(name)), str(HERE / name / "drive.py"), "--base-url", base_url, "--runs", runs]
+    if otlp_endpoint:
+        command += ["--otlp-endpoint", otlp_endpoint]
+    elif otlp_file:
+        command += ["--otlp-file", str(otlp_file)]
+    elif console_file:
+        command += ["--console-file", str(console_file)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TREELLM_"))}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{name} driver failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return done
