@@ -248,11 +248,11 @@ def test_migrations_are_named_ordered_and_recorded_once(tmp_path: Path) -> None:
     open_store(db).close()
     open_store(db).close()
     con = open_store(db, read_only=True)
-    assert [r[0] for r in rows(con, "SELECT name FROM schema_migrations ORDER BY name")] == [
-        "0001_raw_tables",
-        "0002_views",
-        "0003_earlier_calls",
-    ]
+    from treellm.store.schema import MIGRATIONS
+
+    names = [r[0] for r in rows(con, "SELECT name FROM schema_migrations ORDER BY name")]
+    assert names == [name for name, _ in MIGRATIONS] == sorted(names)
+    assert names[:4] == ["0001_raw_tables", "0002_views", "0003_earlier_calls", "0004_foreign_trees"]
     con.close()
 
 

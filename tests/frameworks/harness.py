@@ -75,3 +75,29 @@ def run_driver(
     if done.returncode != 0:
         raise RuntimeError(f"{name} driver failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
     return done
+
+
+def figures(con: Any) -> dict[str, Any]:
+    """What treellm says of a store, in the shape of ``scenario.TRUTH``."""
+    from treellm.analysis import near_repeat_pairs, repeat_outcome_by_tool, totals, tuning_by_tool
+
+    counted = totals(con)
+    calls = dict(
+        con.execute(
+            "SELECT tool, count(*) FROM tool_calls WHERE NOT internal AND run_id IS NOT NULL GROUP BY tool"
+        ).fetchall()
+    )
+    outcomes = repeat_outcome_by_tool(con).groupby("tool")[["repeats", "productive", "wasted"]].sum()
+    pairs = near_repeat_pairs(con)
+    paging = pairs[pairs["kind"] == "paging"].groupby("tool").size() if not pairs.empty else {}
+    tuning = tuning_by_tool(con)
+    return {
+        "runs": counted["runs"],
+        "calls": counted["tool_calls"],
+        "calls_by_tool": {str(k): int(v) for k, v in calls.items()},
+        "repeats_by_tool": {str(k): int(v) for k, v in outcomes["repeats"].items()},
+        "productive_by_tool": {str(k): int(v) for k, v in outcomes["productive"].items()},
+        "wasted_by_tool": {str(k): int(v) for k, v in outcomes["wasted"].items()},
+        "paging_by_tool": {str(k): int(v) for k, v in dict(paging).items()},
+        "verdicts": {str(r.tool): str(r.verdict) for r in tuning.itertuples() if r.samples},
+    }

@@ -187,7 +187,7 @@ TRUTH: dict[str, Any] = {
     "productive_by_tool": {"search": 0, "fetch_url": 5, "job_status": 5},
     "wasted_by_tool": {"search": 15, "fetch_url": 0, "job_status": 5},
     "paging_by_tool": {"list_orders": 10},
-    "verdicts": {"search": "keep", "fetch_url": "raise", "job_status": "raise"},
+    "verdicts": {"search": "keep", "fetch_url": "insufficient_data", "job_status": "raise"},
 }
 
 

@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 # Executed calls, straight from the spans table (the tool_calls view adds a window we do
-# not need here).
+# not need here). Framework-internal tools (smolagents' final_answer...) are not counted.
 CALLS_SQL = """
 SELECT run_id, coalesce(node_id, span_id) AS node_id, node_parent_id AS parent_id, tool_name AS tool, signature,
        ordinal, limit_n AS "limit", limit_source, result_hash, coalesce(shadow_caught, false) AS shadow_caught,
@@ -40,6 +40,7 @@ SELECT run_id, coalesce(node_id, span_id) AS node_id, node_parent_id AS parent_i
        arguments, result, start_ns, end_ns, end_ns - start_ns AS duration_ns, earlier_node_ids, trace_id, span_id
 FROM spans
 WHERE tool_name IS NOT NULL AND (operation = 'execute_tool' OR node_kind = 'tool') AND run_id IS NOT NULL
+  AND NOT coalesce(internal, false)
 """
 
 # Every executed repeat (ordinal >= 2) with its outcome.

@@ -37,10 +37,12 @@ from treellm.engine.tools import result_hash
 from treellm.errors import IngestError, StoreError
 from treellm.exporters.jsonl import end_of_last_line
 from treellm.otlp import json_line
-from treellm.signature import RawArguments, parse_arguments, signature
+from treellm.signature import RawArguments, canonical_json, parse_arguments, signature
 from treellm.store.connection import open_store
 from treellm.store.schema import SPAN_COLUMNS
 from treellm.store.transform import MACROS, READ_COLUMNS, VALIDATE_SQL, stage_sql
+from treellm.store.trees import SpanFacts, place_traces
+from treellm.telemetry import conventions
 
 __all__ = ["BadRecord", "FileReport", "IngestReport", "InputFormatChoice", "ingest", "ingest_file"]
 
@@ -48,6 +50,8 @@ InputFormatChoice = Literal["auto", "otlp-jsonl", "otlp-json", "otlp-proto", "sd
 MAX_LINE_BYTES = 64 * 1024 * 1024
 MEMORY_LIMIT = os.environ.get("TREELLM_INGEST_MEMORY_LIMIT", "1GB")
 _HEX = frozenset("0123456789abcdefABCDEF")
+DEFAULT_INTERNAL = frozenset(conventions.DEFAULT_INTERNAL_TOOLS)
+ENV_INTERNAL_TOOLS = "TREELLM_INTERNAL_TOOLS"
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,79 +270,148 @@ def _arguments_value(text: str) -> Any:
     return value
 
 
-def _finish_foreign(con: duckdb.DuckDBPyConnection) -> None:
-    """Signatures, result hashes, runs and ordinals for new spans from other frameworks."""
-    calls = con.execute(
-        "SELECT trace_id, span_id, tool_name, arguments, result, result_hash FROM fresh "
-        "WHERE tool_name IS NOT NULL AND signature IS NULL"
+_FOREIGN_OPERATIONS = {"tool": "execute_tool", "llm": "chat", "agent": "invoke_agent"}
+
+
+def _read_foreign(con: duckdb.DuckDBPyConnection, internal_tools: frozenset[str]) -> list[str]:
+    """Read the new spans of other frameworks through their conventions; returns their traces."""
+    rows = con.execute(
+        "SELECT f.trace_id, f.span_id, f.name, f.status_code, map_keys(f.attributes), map_values(f.attributes), "
+        "       (SELECT list(e.name) FROM span_events e WHERE e.trace_id = f.trace_id AND e.span_id = f.span_id) "
+        "FROM fresh f WHERE f.run_id IS NULL AND f.node_kind IS NULL"
     ).fetchall()
-    if calls:
-        updates = pd.DataFrame(
-            [
-                (t, s, signature(tool, _arguments_value(args if args is not None else "")),
-                 rh or (result_hash(res) if res is not None else None))
-                for t, s, tool, args, res, rh in calls
-            ],
-            columns=["trace_id", "span_id", "signature", "result_hash"],
-        )  # fmt: skip
-        con.register("signature_updates", updates)
-        con.execute(
-            "UPDATE spans SET signature = u.signature, result_hash = u.result_hash FROM signature_updates u "
-            "WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id"
+    if not rows:
+        return []
+    out = []
+    for trace, span, name, status, keys, values, events in rows:
+        facts = conventions.read_span(
+            name, dict(zip(keys or (), values or (), strict=True)), status_code=status or 0, event_names=events or ()
         )
-        con.unregister("signature_updates")
-    traces = [r[0] for r in con.execute("SELECT DISTINCT trace_id FROM fresh WHERE run_id IS NULL").fetchall()]
+        sig = digest = None
+        internal = facts.tool_name in internal_tools if facts.tool_name else None
+        if facts.role == "tool" and facts.tool_name:
+            sig = signature(facts.tool_name, _arguments_value(facts.arguments or ""))
+            digest = result_hash(facts.result) if facts.result is not None else None
+        out.append(
+            (trace, span, facts.family or "otel", _FOREIGN_OPERATIONS.get(facts.role), facts.tool_name,
+             facts.call_id, facts.arguments, facts.result, sig, digest, facts.model, facts.agent_name,
+             internal, facts.failed)
+        )  # fmt: skip
+    frame = pd.DataFrame(
+        out,
+        columns=["trace_id", "span_id", "convention", "operation", "tool_name", "tool_call_id", "arguments",
+                 "result", "signature", "result_hash", "model", "agent_name", "internal", "failed"],
+    )  # fmt: skip
+    con.register("foreign_updates", frame)
+    con.execute(
+        "UPDATE spans SET convention = u.convention, operation = u.operation, tool_name = u.tool_name, "
+        "tool_call_id = u.tool_call_id, arguments = u.arguments, result = u.result, signature = u.signature, "
+        "result_hash = u.result_hash, model = coalesce(spans.model, u.model), "
+        "agent_name = coalesce(spans.agent_name, u.agent_name), internal = u.internal, "
+        "node_status = CASE WHEN u.failed AND u.operation = 'execute_tool' THEN 'failed' END "
+        "FROM foreign_updates u WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id"
+    )
+    con.unregister("foreign_updates")
+    return sorted({row[0] for row in out})
+
+
+def internal_tools() -> frozenset[str]:
+    """Framework-internal tool names: ``TREELLM_INTERNAL_TOOLS`` (comma-separated; empty for
+    none) else :data:`treellm.telemetry.conventions.DEFAULT_INTERNAL_TOOLS`."""
+    text = os.environ.get(ENV_INTERNAL_TOOLS)
+    if text is None:
+        return DEFAULT_INTERNAL
+    return frozenset(name.strip() for name in text.split(",") if name.strip())
+
+
+def _finish_foreign(con: duckdb.DuckDBPyConnection, internal: frozenset[str] | None = None) -> None:
+    """Conventions, runs, trees and ordinals for new spans from other frameworks.
+
+    Whole traces are placed again whenever one of their spans arrives, so spans stored
+    before their run's root (a batch exporter sends children first) move to that run.
+    """
+    traces = _read_foreign(con, internal_tools() if internal is None else internal)
     if not traces:
         return
     con.register("foreign_traces", pd.DataFrame({"trace_id": traces}))
     rows = con.execute(
-        "SELECT trace_id, span_id, parent_span_id, operation, run_id, tool_name, signature, start_ns "
+        "SELECT trace_id, span_id, parent_span_id, start_ns, end_ns, operation, tool_name, arguments, "
+        "       coalesce(internal, false), agent_name, orphan_parent IS NOT NULL "
         "FROM spans JOIN foreign_traces USING (trace_id)"
     ).fetchall()
+    foreign = {
+        (t, s) for t, s in con.execute(
+            "SELECT trace_id, span_id FROM spans JOIN foreign_traces USING (trace_id) WHERE convention IS NOT NULL"
+        ).fetchall()
+    }  # fmt: skip
+    rows = _keyed_from_parents(con, rows)
     con.unregister("foreign_traces")
-    run_updates = _foreign_runs(rows)
-    if run_updates.empty:
-        return
-    con.register("run_updates", run_updates)
+    facts = [
+        SpanFacts(
+            trace_id=trace, span_id=span, parent_id=parent, start_ns=start, end_ns=end,
+            role=_ROLES.get(operation or "", "other"),
+            call_key=(f"{tool}\x00{canonical_json(_arguments_value(args or ''))}"
+                      if tool is not None and operation == "execute_tool" and not internal else None),
+            agent_name=agent, flagged_orphan=flagged,
+        )
+        for trace, span, parent, start, end, operation, tool, args, internal, agent, flagged in rows
+    ]  # fmt: skip
+    placed = [p for p in place_traces(facts) if (p.trace_id, p.span_id) in foreign]
+    frame = pd.DataFrame(
+        [
+            (p.trace_id, p.span_id, p.run_id, p.node_kind, p.node_parent_id, p.depth, p.ordinal,
+             json.dumps(list(p.earlier)) if p.earlier else None, p.orphan)
+            for p in placed
+        ],
+        columns=["trace_id", "span_id", "run_id", "node_kind", "node_parent_id", "node_depth", "ordinal",
+                 "earlier_node_ids", "orphan"],
+    ).astype({"node_depth": "Int64", "ordinal": "Int64"})  # fmt: skip
+    con.register("run_updates", frame)
     con.execute(
-        "UPDATE spans SET run_id = u.run_id, ordinal = coalesce(spans.ordinal, u.ordinal), "
-        "earlier_node_ids = coalesce(spans.earlier_node_ids, u.earlier_node_ids) FROM run_updates u "
-        "WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id"
+        "UPDATE spans SET run_id = u.run_id, node_kind = u.node_kind, node_parent_id = u.node_parent_id, "
+        "node_depth = u.node_depth, ordinal = u.ordinal, earlier_node_ids = u.earlier_node_ids, "
+        "orphan_parent = CASE WHEN u.orphan THEN coalesce(spans.orphan_parent, spans.parent_span_id, '') END "
+        "FROM run_updates u WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id"
     )
     con.unregister("run_updates")
 
 
-def _foreign_runs(rows: Sequence[tuple[Any, ...]]) -> pd.DataFrame:
-    """Run of each span (outermost agent span, else the trace root) and the ordinal of each
-    tool call on its path (tool calls in time order under the nearest enclosing agent span)."""
-    by_id = {(r[0], r[1]): r for r in rows}
-    out: list[tuple[str, str, str, int | None, str | None]] = []
-    earlier: dict[tuple[str, str, str], list[str]] = {}
-    for row in sorted(rows, key=lambda r: (r[7] or 0, r[1])):
-        trace, span, _parent, _operation, run_id, tool, sig = row[:7]
-        if run_id is not None:
-            continue
-        nearest = outermost = None
-        root = span
-        node: tuple[Any, ...] | None = row
-        seen = set()
-        while node is not None and (node[0], node[1]) not in seen:
-            seen.add((node[0], node[1]))
-            if node[3] == "invoke_agent":
-                nearest = nearest or node[1]
-                outermost = node[1]
-            root = node[1]
-            node = by_id.get((trace, node[2])) if node[2] else None
-        run = f"{trace}:{outermost or root}"
-        ordinal = previous = None
-        if tool is not None and sig is not None:
-            same = earlier.setdefault((trace, nearest or root, sig), [])
-            ordinal = len(same) + 1
-            previous = json.dumps(same) if same else None
-            same.append(span)
-        out.append((trace, span, run, ordinal, previous))
-    frame = pd.DataFrame(out, columns=["trace_id", "span_id", "run_id", "ordinal", "earlier_node_ids"])
-    return frame.astype({"ordinal": "Int64"})
+_ROLES = {"execute_tool": "tool", "chat": "llm", "invoke_agent": "agent"}
+
+
+def _keyed_from_parents(con: duckdb.DuckDBPyConnection, rows: list[Any]) -> list[Any]:
+    """Tool spans that record a bare value (LangChain's single-argument tools) take their
+    keyed arguments and call id from the parent that records the call, once it is stored."""
+    bare = [
+        (r[0], r[1], r[2], r[6]) for r in rows
+        if r[5] == "execute_tool" and r[2] is not None and not (r[7] or "").lstrip().startswith("{")
+    ]  # fmt: skip
+    if not bare:
+        return rows
+    con.register("bare_calls", pd.DataFrame(bare, columns=["trace_id", "span_id", "parent_id", "tool"]))
+    parents = con.execute(
+        "SELECT b.trace_id, b.span_id, b.tool, map_keys(p.attributes), map_values(p.attributes) FROM bare_calls b "
+        "JOIN spans p ON p.trace_id = b.trace_id AND p.span_id = b.parent_id"
+    ).fetchall()
+    con.unregister("bare_calls")
+    found: dict[tuple[str, str], tuple[str, str | None, str]] = {}
+    for trace, span, tool, keys, values in parents:
+        call = conventions.parent_call(dict(zip(keys or (), values or (), strict=True)), tool)
+        if call is not None:
+            found[(trace, span)] = (call[0], call[1], signature(tool, _arguments_value(call[0])))
+    if not found:
+        return rows
+    frame = pd.DataFrame(
+        [(t, s, a, c, g) for (t, s), (a, c, g) in found.items()],
+        columns=["trace_id", "span_id", "arguments", "tool_call_id", "signature"],
+    )
+    con.register("keyed_calls", frame)
+    con.execute(
+        "UPDATE spans SET arguments = u.arguments, tool_call_id = coalesce(spans.tool_call_id, u.tool_call_id), "
+        "signature = u.signature FROM keyed_calls u WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id"
+    )
+    con.unregister("keyed_calls")
+    return [(*r[:7], found[(r[0], r[1])][0], *r[8:]) if (r[0], r[1]) in found else r for r in rows]
 
 
 @contextmanager
@@ -395,7 +468,7 @@ def _load_chunk(con: duckdb.DuckDBPyConnection, chunk: Path, *, original: Path, 
         con,
         "SELECT count(*) FROM spans s SEMI JOIN fresh f USING (trace_id, span_id) "
         "WHERE s.skill_name IS NULL AND (s.span_id = split_part(s.run_id, ':', 2) "
-        "OR (s.operation = 'invoke_agent' AND s.node_id IS NULL AND s.run_id IS NOT NULL))",
+        "OR (s.convention IS NULL AND s.operation = 'invoke_agent' AND s.node_id IS NULL AND s.run_id IS NOT NULL))",
     )
     con.execute("DROP VIEW IF EXISTS fresh")
     con.execute("DROP TABLE IF EXISTS fresh_rows")

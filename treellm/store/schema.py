@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from treellm.store.metrics import METRIC_POINTS_SQL
+
 __all__ = ["MIGRATIONS", "SPAN_COLUMNS"]
 
 SPAN_COLUMNS: Final = (
@@ -65,6 +67,8 @@ SPAN_COLUMNS: Final = (
     "scope_name",
     "scope_version",
     "earlier_node_ids",
+    "convention",
+    "internal",
 )
 
 _RAW_TABLES = """
@@ -245,8 +249,68 @@ FROM spans s
 WHERE s.tool_name IS NOT NULL AND (s.operation = 'execute_tool' OR s.node_kind = 'tool');
 """
 
+# 0004: spans of other frameworks read through their conventions (``convention`` names the
+# family), framework-internal tools marked (``internal``), and runs that are the outermost
+# agent span only: nested agent spans of other frameworks are not runs.
+_FOREIGN_TREES = """
+ALTER TABLE spans ADD COLUMN convention VARCHAR;
+ALTER TABLE spans ADD COLUMN internal BOOLEAN;
+CREATE OR REPLACE VIEW tool_calls AS
+SELECT
+    s.run_id, s.trace_id, s.span_id, coalesce(s.node_id, s.span_id) AS node_id, s.node_parent_id AS parent_id,
+    s.node_depth AS depth, s.tool_name AS tool, s.tool_call_id AS call_id, s.signature, s.ordinal,
+    s.limit_n AS "limit", s.limit_source, s.result_hash, s.attempts, coalesce(s.shadow_caught, false) AS shadow_caught,
+    CASE WHEN s.status_code = 2 OR s.node_status = 'failed' THEN 'failed' ELSE 'completed' END AS status,
+    s.arguments, s.result, s.start_ns, s.end_ns, (s.end_ns - s.start_ns) AS duration_ns,
+    s.service_name, s.agent_name, s.model, s.skill_stack, s.day, s.source, s.earlier_node_ids,
+    coalesce(s.internal, false) AS internal, s.convention, s.orphan_parent IS NOT NULL AS orphan,
+    row_number() OVER (PARTITION BY s.run_id ORDER BY s.start_ns, s.span_id) AS path_position
+FROM spans s
+WHERE s.tool_name IS NOT NULL AND (s.operation = 'execute_tool' OR s.node_kind = 'tool');
+
+CREATE OR REPLACE VIEW runs AS
+WITH run_spans AS (
+    SELECT * FROM spans
+    WHERE run_id IS NOT NULL AND skill_name IS NULL
+      AND (span_id = split_part(run_id, ':', 2)
+           OR (convention IS NULL AND operation = 'invoke_agent' AND node_id IS NULL))
+),
+node_counts AS (
+    SELECT run_id,
+        count(*) FILTER (WHERE kind = 'think') AS think_nodes,
+        count(*) FILTER (WHERE kind = 'tool') AS tool_nodes,
+        count(*) FILTER (WHERE kind = 'collapse') AS collapse_nodes,
+        max(depth) AS max_depth,
+        any_value(model) FILTER (WHERE model IS NOT NULL) AS node_model
+    FROM nodes GROUP BY run_id
+),
+prunes AS (
+    SELECT run_id,
+        count(*) FILTER (WHERE NOT shadow) AS pruned_calls,
+        count(*) FILTER (WHERE shadow) AS shadow_catches
+    FROM loop_events GROUP BY run_id
+)
+SELECT
+    r.run_id, r.trace_id, r.span_id, coalesce(r.agent_name, r.name) AS agent, r.service_name AS service,
+    coalesce(r.model, c.node_model) AS model,
+    r.start_ns, r.end_ns, (r.end_ns - r.start_ns) AS duration_ns, r.day,
+    coalesce(c.think_nodes, 0) AS think_nodes, coalesce(c.tool_nodes, 0) AS tool_nodes,
+    coalesce(c.collapse_nodes, 0) AS collapse_nodes,
+    coalesce(c.think_nodes, 0) + coalesce(c.tool_nodes, 0) + coalesce(c.collapse_nodes, 0) AS nodes,
+    coalesce(c.max_depth, 0) AS max_depth,
+    coalesce(p.pruned_calls, 0) AS pruned_calls, coalesce(p.shadow_catches, 0) AS shadow_catches,
+    coalesce(r.outcome, CASE WHEN r.status_code = 2 THEN 'failed' ELSE 'completed' END) AS outcome,
+    coalesce(r.attributes['treellm.run.guard'] = 'true', false) AS guard,
+    r.source
+FROM run_spans r
+LEFT JOIN node_counts c USING (run_id)
+LEFT JOIN prunes p USING (run_id);
+"""
+
 MIGRATIONS: Final[tuple[tuple[str, str], ...]] = (
     ("0001_raw_tables", _RAW_TABLES),
     ("0002_views", _VIEWS),
     ("0003_earlier_calls", _EARLIER_CALLS),
+    ("0004_foreign_trees", _FOREIGN_TREES),
+    ("0005_metric_points", METRIC_POINTS_SQL),
 )

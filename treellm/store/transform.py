@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import Final
 
+from treellm.telemetry import conventions as conv
+from treellm.telemetry import semconv as sc
+
 __all__ = ["MACROS", "READ_COLUMNS", "stage_sql"]
 
 _ANY = (
@@ -54,44 +57,45 @@ CREATE OR REPLACE TEMP MACRO treellm_object(text) AS CASE WHEN starts_with(text,
     ELSE text END;
 """
 
-_PROMOTED = """
-    coalesce(a['gen_ai.operation.name'],
-             CASE upper(a['openinference.span.kind'])
-                 WHEN 'TOOL' THEN 'execute_tool' WHEN 'LLM' THEN 'chat' WHEN 'AGENT' THEN 'invoke_agent' END)
-        AS operation,
-    coalesce(a['gen_ai.agent.name'], a['agent.name']) AS agent_name,
-    coalesce(a['gen_ai.request.model'], a['gen_ai.response.model'], a['llm.model_name']) AS model,
-    a['treellm.run.id'] AS run_id,
-    a['treellm.node.id'] AS node_id,
-    a['treellm.node.kind'] AS node_kind,
-    TRY_CAST(a['treellm.node.depth'] AS INTEGER) AS node_depth,
-    nullif(a['treellm.node.parent_id'], '') AS node_parent_id,
-    a['treellm.node.status'] AS node_status,
-    a['treellm.skill.name'] AS skill_name,
-    treellm_list(a['treellm.node.skill_stack']) AS skill_stack,
-    coalesce(a['gen_ai.tool.name'], a['tool.name'],
-             CASE WHEN a['gen_ai.operation.name'] = 'execute_tool' AND name LIKE 'execute_tool %'
-                  THEN substr(name, 14) END) AS tool_name,
-    coalesce(a['gen_ai.tool.call.id'], a['tool_call.id']) AS tool_call_id,
-    a['treellm.tool.signature'] AS signature,
-    TRY_CAST(a['treellm.tool.ordinal'] AS INTEGER) AS ordinal,
-    TRY_CAST(a['treellm.tool.limit'] AS INTEGER) AS limit_n,
-    a['treellm.tool.limit_source'] AS limit_source,
-    a['treellm.tool.result_hash'] AS result_hash,
-    TRY_CAST(a['treellm.tool.attempts'] AS INTEGER) AS attempts,
-    TRY_CAST(a['treellm.tool.shadow_caught'] AS BOOLEAN) AS shadow_caught,
-    treellm_object(coalesce(a['gen_ai.tool.call.arguments'], a['gen_ai.tool.args'], a['tool.parameters'],
-             a['tool_call.function.arguments'],
-             CASE WHEN upper(a['openinference.span.kind']) = 'TOOL' THEN a['input.value'] END)) AS arguments,
-    coalesce(a['gen_ai.tool.call.result'], a['gen_ai.tool.output'],
-             CASE WHEN upper(a['openinference.span.kind']) = 'TOOL' THEN a['output.value'] END) AS result,
-    TRY_CAST(coalesce(a['gen_ai.usage.input_tokens'], a['gen_ai.usage.prompt_tokens'],
-                      a['llm.token_count.prompt']) AS BIGINT) AS input_tokens,
-    TRY_CAST(coalesce(a['gen_ai.usage.output_tokens'], a['gen_ai.usage.completion_tokens'],
-                      a['llm.token_count.completion']) AS BIGINT) AS output_tokens,
-    a['treellm.run.outcome'] AS outcome,
-    a['treellm.ingest.orphan_parent'] AS orphan_parent,
-    treellm_list(a['treellm.tool.earlier_node_ids']) AS earlier_node_ids
+def _coalesce(keys: tuple[str, ...] | list[str]) -> str:
+    return "coalesce(" + ", ".join(f"a['{k}']" for k in keys) + ")"
+
+
+# treellm's own spans are read here; spans of other frameworks get the same columns from
+# :mod:`treellm.telemetry.conventions` in the ingest's second pass (their role, tool call,
+# arguments without schemas, results without envelopes), so only GenAI names are read here.
+_PROMOTED = f"""
+    a['{sc.GEN_AI_OPERATION_NAME}'] AS operation,
+    {_coalesce(conv.AGENT_NAME_KEYS[:2])} AS agent_name,
+    {_coalesce(conv.MODEL_KEYS)} AS model,
+    a['{sc.RUN_ID}'] AS run_id,
+    a['{sc.NODE_ID}'] AS node_id,
+    a['{sc.NODE_KIND}'] AS node_kind,
+    TRY_CAST(a['{sc.NODE_DEPTH}'] AS INTEGER) AS node_depth,
+    nullif(a['{sc.NODE_PARENT_ID}'], '') AS node_parent_id,
+    a['{sc.NODE_STATUS}'] AS node_status,
+    a['{sc.SKILL_NAME}'] AS skill_name,
+    treellm_list(a['{sc.NODE_SKILL_STACK}']) AS skill_stack,
+    coalesce(a['{sc.GEN_AI_TOOL_NAME}'],
+             CASE WHEN a['{sc.GEN_AI_OPERATION_NAME}'] = '{sc.OP_EXECUTE_TOOL}' AND name LIKE '{sc.OP_EXECUTE_TOOL} %'
+                  THEN substr(name, {len(sc.OP_EXECUTE_TOOL) + 2}) END) AS tool_name,
+    a['{sc.GEN_AI_TOOL_CALL_ID}'] AS tool_call_id,
+    a['{sc.TOOL_SIGNATURE}'] AS signature,
+    TRY_CAST(a['{sc.TOOL_ORDINAL}'] AS INTEGER) AS ordinal,
+    TRY_CAST(a['{sc.TOOL_LIMIT}'] AS INTEGER) AS limit_n,
+    a['{sc.TOOL_LIMIT_SOURCE}'] AS limit_source,
+    a['{sc.TOOL_RESULT_HASH}'] AS result_hash,
+    TRY_CAST(a['{sc.TOOL_ATTEMPTS}'] AS INTEGER) AS attempts,
+    TRY_CAST(a['{sc.TOOL_SHADOW_CAUGHT}'] AS BOOLEAN) AS shadow_caught,
+    treellm_object(a['{sc.GEN_AI_TOOL_CALL_ARGUMENTS}']) AS arguments,
+    a['{sc.GEN_AI_TOOL_CALL_RESULT}'] AS result,
+    TRY_CAST({_coalesce(conv.INPUT_TOKEN_KEYS)} AS BIGINT) AS input_tokens,
+    TRY_CAST({_coalesce(conv.OUTPUT_TOKEN_KEYS)} AS BIGINT) AS output_tokens,
+    a['{sc.RUN_OUTCOME}'] AS outcome,
+    a['{sc.INGEST_ORPHAN_PARENT}'] AS orphan_parent,
+    treellm_list(a['{sc.TOOL_EARLIER_NODE_IDS}']) AS earlier_node_ids,
+    CAST(NULL AS VARCHAR) AS convention,
+    CAST(NULL AS BOOLEAN) AS internal
 """
 
 
@@ -129,7 +133,9 @@ flat AS (
         nullif(sp.status.message, '') AS status_message,
         coalesce(res['service.name'], 'unknown_service') AS service_name,
         treellm_attrs(sp.attributes) AS a,
-        treellm_attrs(list_filter(sp.attributes, lambda kv: NOT list_contains({_PROMOTED_LIST}, kv.key))) AS rest,
+        CASE WHEN list_contains(list_transform(sp.attributes, lambda kv: kv.key), '{sc.RUN_ID}')
+             THEN treellm_attrs(list_filter(sp.attributes, lambda kv: NOT list_contains({_PROMOTED_LIST}, kv.key)))
+             ELSE treellm_attrs(sp.attributes) END AS rest,
         res AS resource_attributes,
         scope.name AS scope_name,
         scope.version AS scope_version,

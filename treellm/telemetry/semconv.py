@@ -83,6 +83,7 @@ TOOL_ATTEMPTS: Final = "treellm.tool.attempts"
 TOOL_SHADOW_CAUGHT: Final = "treellm.tool.shadow_caught"
 TOOL_ARGS_VALID: Final = "treellm.tool.arguments_valid"
 TOOL_EARLIER_NODE_IDS: Final = "treellm.tool.earlier_node_ids"
+INGEST_ORPHAN_PARENT: Final = "treellm.ingest.orphan_parent"
 
 # -- treellm: collapse nodes -----------------------------------------------------------------
 COLLAPSE_COMPRESSED: Final = "treellm.collapse.compressed"

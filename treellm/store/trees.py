@@ -1,0 +1,201 @@
+"""Runs, trees and paths of spans from other frameworks (pure; ``docs/architecture.md``).
+
+- **run**: the outermost agent span of its trace. Agent spans nested inside it
+  (sub-agents, graph nodes an instrumentor marks as agents) are not runs. A span whose
+  parent is missing from the trace (or that a converter flagged ``orphan_parent``) joins
+  the trace's run and is flagged; when the trace holds no agent span, the trace root is
+  the run. Several outermost agent spans under a non-agent root (a caller's span running
+  two agents one after the other) are several runs; a span outside every run joins the
+  run whose time window holds its start, else the first run.
+- **path**: the tool calls in time order under the nearest enclosing agent span that
+  starts a path (the run's root, or a sub-agent: an agent span whose agent name differs
+  from its enclosing agent's); a graph node marked as an agent with the same agent (or no
+  name) stays on its run's path.
+- **tree**, rebuilt like treellm's own: in time order on a path, an LLM span is a think
+  node; the tool spans after it are its tool nodes (same depth); the next think node is
+  the previous think node's child (depth + 1). A sub-agent's nodes start again at depth
+  0 under the node that was current when it started. Tool calls before any LLM span
+  hang from the run (parent ``None``, depth 0).
+- **ordinal**: 1 + the earlier calls on the path with the same key (the tool name and the
+  canonical text of its arguments, never a hash); ``earlier`` names them (span ids).
+  Framework-internal calls have no key and no ordinal.
+
+Input order does not matter: a run's spans that arrived before its root are placed
+again when the root arrives (the caller recomputes whole traces).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["Placement", "SpanFacts", "place_trace", "place_traces"]
+
+NodeKind = Literal["think", "tool"]
+
+
+@dataclass(frozen=True, slots=True)
+class SpanFacts:
+    """One span of a trace as the placement needs it. ``role`` is the conventions' role;
+    ``call_key`` is ``tool + "\\x00" + canonical arguments`` for a counted tool call."""
+
+    trace_id: str
+    span_id: str
+    parent_id: str | None
+    start_ns: int
+    end_ns: int
+    role: str
+    call_key: str | None = None
+    agent_name: str | None = None
+    flagged_orphan: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    trace_id: str
+    span_id: str
+    run_id: str
+    node_kind: NodeKind | None
+    node_parent_id: str | None
+    depth: int | None
+    ordinal: int | None
+    earlier: tuple[str, ...]
+    orphan: bool
+
+
+def _chain(span: SpanFacts, by_id: dict[str, SpanFacts]) -> list[SpanFacts]:
+    """The span and its ancestors, nearest first, up to a root or a missing parent."""
+    out = [span]
+    seen = {span.span_id}
+    node = span
+    while node.parent_id is not None and not node.flagged_orphan:
+        parent = by_id.get(node.parent_id)
+        if parent is None or parent.span_id in seen:
+            break
+        out.append(parent)
+        seen.add(parent.span_id)
+        node = parent
+    return out
+
+
+def _anchored(chain: Sequence[SpanFacts]) -> bool:
+    top = chain[-1]
+    return top.parent_id is None and not top.flagged_orphan
+
+
+def _order(span: SpanFacts) -> tuple[int, int, str]:
+    return (span.start_ns, -span.end_ns, span.span_id)
+
+
+def place_trace(spans: Sequence[SpanFacts]) -> list[Placement]:
+    """The run, node and ordinal of every span of one trace (see the module docstring)."""
+    if not spans:
+        return []
+    by_id = {s.span_id: s for s in spans}
+    chains = {s.span_id: _chain(s, by_id) for s in spans}
+    orphan = {s.span_id: not _anchored(chains[s.span_id]) for s in spans}
+
+    # Run roots: outermost agent spans; floating ones (above them a missing parent) only
+    # when no anchored one exists, and then only the first.
+    outermost = [s for s in spans if s.role == "agent" and all(a.role != "agent" for a in chains[s.span_id][1:])]
+    anchored = sorted((s for s in outermost if not orphan[s.span_id]), key=_order)
+    roots = anchored or sorted(outermost, key=_order)[:1]
+    if not roots:
+        tops = [chains[s.span_id][-1] for s in spans]
+        true_tops = sorted({t.span_id: t for t in tops if not orphan[t.span_id]}.values(), key=_order)
+        roots = true_tops[:1] or sorted({t.span_id: t for t in tops}.values(), key=_order)[:1]
+    root_ids = {r.span_id for r in roots}
+
+    def run_of(span: SpanFacts) -> SpanFacts:
+        for ancestor in chains[span.span_id]:
+            if ancestor.span_id in root_ids:
+                return ancestor
+        for root in roots:
+            if root.start_ns <= span.start_ns <= root.end_ns:
+                return root
+        return roots[0]
+
+    run = {s.span_id: run_of(s) for s in spans}
+
+    # Path scopes: the run root, or a sub-agent (an agent span naming another agent).
+    def scope_of(span: SpanFacts) -> str:
+        root = run[span.span_id]
+        chain = chains[span.span_id]
+        for index, ancestor in enumerate(chain):
+            if ancestor.span_id == root.span_id:
+                return root.span_id
+            if ancestor.role == "agent" and ancestor.agent_name:
+                enclosing = next((a for a in chain[index + 1 :] if a.role == "agent"), None)
+                if enclosing is None or (enclosing.agent_name or "") != ancestor.agent_name:
+                    return ancestor.span_id
+        return root.span_id
+
+    scopes: dict[str, list[SpanFacts]] = {}
+    for span in spans:
+        if span.role in ("llm", "tool") and span.span_id not in root_ids:
+            scopes.setdefault(scope_of(span), []).append(span)
+
+    placed: dict[str, tuple[NodeKind | None, str | None, int | None, int | None, tuple[str, ...]]] = {}
+    scope_start: dict[str, str | None] = {}
+    for scope_id in sorted(scopes, key=lambda sid: _order(by_id[sid]) if sid in by_id else (0, 0, sid)):
+        members = sorted(scopes[scope_id], key=_order)
+        think: SpanFacts | None = None
+        depth = 0
+        base_parent = scope_start.get(scope_id)
+        earlier: dict[str, list[str]] = {}
+        for span in members:
+            if span.role == "llm":
+                parent = think.span_id if think is not None else base_parent
+                depth = 0 if think is None else depth + 1
+                placed[span.span_id] = ("think", parent, depth, None, ())
+                think = span
+            else:
+                parent = think.span_id if think is not None else base_parent
+                ordinal: int | None = None
+                before: tuple[str, ...] = ()
+                if span.call_key is not None:
+                    same = earlier.setdefault(span.call_key, [])
+                    ordinal = len(same) + 1
+                    before = tuple(same)
+                    same.append(span.span_id)
+                placed[span.span_id] = ("tool", parent, depth if think is not None else 0, ordinal, before)
+            # a sub-agent starting under this node hangs from it
+            for sub in scopes:
+                if sub not in scope_start and sub in by_id and by_id[sub].start_ns >= span.start_ns:
+                    pass
+        for sub in scopes:
+            if sub != scope_id and sub not in scope_start and sub in by_id:
+                current = [m for m in members if m.start_ns <= by_id[sub].start_ns]
+                if current:
+                    scope_start[sub] = current[-1].span_id
+
+    out: list[Placement] = []
+    for span in spans:
+        kind, parent, depth_, ordinal_, before_ = placed.get(span.span_id, (None, None, None, None, ()))
+        root = run[span.span_id]
+        out.append(
+            Placement(
+                trace_id=span.trace_id,
+                span_id=span.span_id,
+                run_id=f"{span.trace_id}:{root.span_id}",
+                node_kind=kind,
+                node_parent_id=parent,
+                depth=depth_,
+                ordinal=ordinal_,
+                earlier=before_,
+                orphan=orphan[span.span_id] and span.span_id not in root_ids,
+            )
+        )
+    return out
+
+
+def place_traces(spans: Iterable[SpanFacts]) -> list[Placement]:
+    """:func:`place_trace` for every trace among ``spans``."""
+    traces: dict[str, list[SpanFacts]] = {}
+    for span in spans:
+        traces.setdefault(span.trace_id, []).append(span)
+    out: list[Placement] = []
+    for trace in traces.values():
+        out.extend(place_trace(trace))
+    return out

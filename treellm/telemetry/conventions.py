@@ -1,0 +1,360 @@
+"""Where each instrumentation family keeps a span's role and a tool call's facts.
+
+The one place (with :mod:`treellm.telemetry.semconv`, treellm's own names) where the
+attribute names of other instrumentations are spelled. Families, in order of trust:
+
+- **GenAI semantic conventions** (``gen_ai.*``, current and older names:
+  ``gen_ai.tool.call.arguments`` / ``.result``, ``gen_ai.tool.args``,
+  ``gen_ai.tool.output``, ``gen_ai.output``), which pydantic-ai, any-agent and others
+  write; pydantic-ai's older logfire names (``tool_arguments``, ``tool_response``).
+- **OpenInference** (``openinference.span.kind`` TOOL/LLM/AGENT/CHAIN, ``tool.name``,
+  ``input.value`` / ``output.value``; ``tool.parameters`` holds the tool's JSON *schema*,
+  never the call's values).
+- **OpenLLMetry / Traceloop** (``traceloop.span.kind`` tool/agent/workflow/task,
+  ``traceloop.entity.name``, ``traceloop.entity.input`` / ``.output`` in their
+  ``{"inputs": ...}`` / ``{"outputs": ...}`` envelopes).
+- **LangChain message wrappers**: a tool result recorded as a serialised ``ToolMessage``
+  (``{"lc": 1, ..., "kwargs": {"content": ..., "tool_call_id": ...}}``, its ``to_json``
+  dict, or its Python repr ``content='...' name='...' tool_call_id='...'``) is the
+  ``content`` inside, never the envelope with its unique ids.
+
+Contract: pure functions of a span's name, its attributes as text (the store's
+``MAP(VARCHAR, VARCHAR)``: scalars as text, arrays and maps as their JSON) and its
+status code. They never raise on odd input: a value that cannot be read is skipped and
+the next candidate is tried. Arguments are the call's *values*: a JSON schema
+(``type: object`` with ``properties``, or ``$schema``) is never taken for them.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from treellm.telemetry import semconv as sc
+
+__all__ = [
+    "AGENT_OPERATIONS",
+    "ARGUMENT_KEYS",
+    "CALL_ID_KEYS",
+    "DEFAULT_INTERNAL_TOOLS",
+    "LLM_OPERATIONS",
+    "MODEL_KEYS",
+    "RESULT_KEYS",
+    "TOOL_NAME_KEYS",
+    "ForeignSpan",
+    "Role",
+    "family",
+    "parent_call",
+    "read_span",
+    "unwrap_result",
+]
+
+Role = Literal["agent", "llm", "tool", "other"]
+
+# -- span kind ------------------------------------------------------------------------------
+OPERATION: Final = sc.GEN_AI_OPERATION_NAME
+OPENINFERENCE_KIND: Final = "openinference.span.kind"
+TRACELOOP_KIND: Final = "traceloop.span.kind"
+LOGFIRE_MESSAGE: Final = "logfire.msg"
+
+TOOL_OPERATIONS: Final = frozenset({"execute_tool"})
+LLM_OPERATIONS: Final = frozenset({"chat", "text_completion", "generate_content", "call_llm", "completion"})
+AGENT_OPERATIONS: Final = frozenset({"invoke_agent"})
+_OPENINFERENCE_ROLES: Final[Mapping[str, Role]] = {"TOOL": "tool", "LLM": "llm", "AGENT": "agent"}
+_TRACELOOP_ROLES: Final[Mapping[str, Role]] = {"tool": "tool", "agent": "agent"}
+_TRACELOOP_LLM_TYPE: Final = "llm.request.type"
+# Span names that say the role when no attribute does (pydantic-ai before its GenAI names).
+_NAME_ROLES: Final[tuple[tuple[str, Role], ...]] = (
+    ("execute_tool ", "tool"),
+    ("running tool", "tool"),
+    ("invoke_agent ", "agent"),
+    ("agent run", "agent"),
+    ("chat ", "llm"),
+)
+
+# -- tool call facts, each in order of trust -------------------------------------------------
+TOOL_NAME_KEYS: Final = (sc.GEN_AI_TOOL_NAME, "tool.name", "tool_call.function.name")
+TRACELOOP_NAME: Final = "traceloop.entity.name"
+CALL_ID_KEYS: Final = (sc.GEN_AI_TOOL_CALL_ID, "tool_call.id", "tool.id", "tool_call_id")
+ARGUMENT_KEYS: Final = (
+    sc.GEN_AI_TOOL_CALL_ARGUMENTS,
+    "gen_ai.tool.args",
+    "tool_arguments",
+    "tool_call.function.arguments",
+    "input.value",
+    "traceloop.entity.input",
+    "tool.parameters",
+)
+RESULT_KEYS: Final = (
+    sc.GEN_AI_TOOL_CALL_RESULT,
+    "gen_ai.tool.output",
+    "gen_ai.output",
+    "tool_response",
+    "output.value",
+    "traceloop.entity.output",
+)
+MODEL_KEYS: Final = (sc.GEN_AI_REQUEST_MODEL, "gen_ai.response.model", "llm.model_name")
+AGENT_NAME_KEYS: Final = (sc.GEN_AI_AGENT_NAME, "agent.name", "agent_name", "graph.node.name")
+INPUT_TOKEN_KEYS: Final = (sc.GEN_AI_USAGE_INPUT_TOKENS, "gen_ai.usage.prompt_tokens", "llm.token_count.prompt")
+OUTPUT_TOKEN_KEYS: Final = (
+    sc.GEN_AI_USAGE_OUTPUT_TOKENS,
+    "gen_ai.usage.completion_tokens",
+    "llm.token_count.completion",
+)
+EXCEPTION_EVENT: Final = "exception"
+
+DEFAULT_INTERNAL_TOOLS: Final = ("final_answer", "final_result")
+"""Framework-internal tools (smolagents' ``final_answer``, pydantic-ai's output tool
+``final_result``): marked ``internal`` at ingest and left out of counts and tuning."""
+
+_LANGCHAIN_REPR = re.compile(r"""^content=(?P<q>['"])(?P<content>.*?)(?P=q)(?: [a-z_]+=|$)""", re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignSpan:
+    """What a span from another framework says, read through its family's conventions."""
+
+    role: Role
+    family: str | None
+    tool_name: str | None = None
+    call_id: str | None = None
+    arguments: str | None = None
+    result: str | None = None
+    model: str | None = None
+    agent_name: str | None = None
+    failed: bool = False
+
+
+def family(attributes: Mapping[str, str]) -> str | None:
+    """The instrumentation family of a span: ``openinference``, ``traceloop``, ``logfire``,
+    ``genai`` or ``None`` when the span carries none of their markers."""
+    if OPENINFERENCE_KIND in attributes:
+        return "openinference"
+    if TRACELOOP_KIND in attributes or TRACELOOP_NAME in attributes:
+        return "traceloop"
+    if LOGFIRE_MESSAGE in attributes or "logfire.span_type" in attributes:
+        return "logfire"
+    if any(key.startswith("gen_ai.") for key in attributes):
+        return "genai"
+    return None
+
+
+def _role(name: str, attributes: Mapping[str, str]) -> Role:
+    operation = attributes.get(OPERATION)
+    if operation in TOOL_OPERATIONS:
+        return "tool"
+    if operation in LLM_OPERATIONS:
+        return "llm"
+    if operation in AGENT_OPERATIONS:
+        return "agent"
+    role = _OPENINFERENCE_ROLES.get(str(attributes.get(OPENINFERENCE_KIND, "")).upper())
+    if role is not None:
+        return role
+    kind = attributes.get(TRACELOOP_KIND)
+    if kind is not None:
+        return _TRACELOOP_ROLES.get(kind, "other")
+    if attributes.get(_TRACELOOP_LLM_TYPE) in {"chat", "completion"}:
+        return "llm"
+    for prefix, named in _NAME_ROLES:
+        if name.startswith(prefix):
+            return named
+    return "other"
+
+
+def _first(attributes: Mapping[str, str], keys: Sequence[str]) -> str | None:
+    for key in keys:
+        value = attributes.get(key)
+        if value not in (None, ""):
+            return value
+    return None
+
+
+def _loads(text: str) -> Any:
+    """JSON, else a Python literal (LangChain records dicts by ``str()``), else the text."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        pass
+    if len(text) < 1_000_000 and text[:1] in "{[(":
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            pass
+    return text
+
+
+def _is_schema(value: Any, *, loose: bool = False) -> bool:
+    """A JSON schema (``type: object`` with ``properties``, or ``$schema``); ``loose`` also
+    takes a map of parameter specs (``{"query": {"type": "string", ...}}``, smolagents)."""
+    if not isinstance(value, Mapping):
+        return False
+    if "$schema" in value:
+        return True
+    properties = value.get("properties")
+    if value.get("type") == "object" and isinstance(properties, Mapping):
+        return True
+    return loose and bool(value) and all(isinstance(v, Mapping) and "type" in v for v in value.values())
+
+
+_CALL_ENVELOPE_KEYS: Final = frozenset({"args", "kwargs", "sanitize_inputs_outputs"})
+
+
+def _dump(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+
+
+_TRACELOOP_INPUT_KEYS: Final = frozenset({"inputs", "input_str", "tags", "metadata", "kwargs"})
+_TRACELOOP_OUTPUT_KEYS: Final = frozenset({"output", "outputs", "kwargs", "metadata", "tags"})
+
+
+def _envelope_call_id(value: Mapping[str, Any]) -> str | None:
+    kwargs = value.get("kwargs")
+    call_id = kwargs.get("tool_call_id") if isinstance(kwargs, Mapping) else None
+    return call_id if isinstance(call_id, str) else None
+
+
+def _argument_value(key: str, text: str) -> tuple[Any | None, str | None]:
+    """(the call's values, a call id found in the envelope) from one candidate attribute;
+    the values are ``None`` when it holds none."""
+    value = _loads(text)
+    call_id = None
+    if isinstance(value, Mapping) and "inputs" in value and len(value) > 1 and set(value) <= _TRACELOOP_INPUT_KEYS:
+        call_id = _envelope_call_id(value)  # Traceloop's {"inputs": ..., "input_str": ..., "kwargs": ...}
+        value = value["inputs"]
+    if isinstance(value, Mapping) and set(value) == {"input"} and isinstance(value["input"], str):
+        inner = _loads(value["input"])  # LangChain's {"input": "<the args>"}
+        if isinstance(inner, Mapping):
+            value = inner
+    if isinstance(value, Mapping) and "kwargs" in value and set(value) <= _CALL_ENVELOPE_KEYS:
+        # smolagents' {"args": [...], "sanitize_inputs_outputs": ..., "kwargs": {...}}
+        args, kwargs = value.get("args") or [], value.get("kwargs") or {}
+        value = kwargs if kwargs or not args else (args[0] if len(args) == 1 else args)
+    if _is_schema(value, loose=key == "tool.parameters"):
+        return None, None
+    if isinstance(value, Mapping):
+        value = {k: v for k, v in value.items() if k not in {"callbacks", "run_manager", "config"}}
+    return value, call_id
+
+
+def _arguments(attributes: Mapping[str, str]) -> tuple[str | None, str | None]:
+    for key in ARGUMENT_KEYS:
+        text = attributes.get(key)
+        if text in (None, ""):
+            continue
+        value, call_id = _argument_value(key, text)
+        if value is not None:
+            return _dump(value), call_id
+    return None, None
+
+
+def _langchain_message(value: Any) -> tuple[Any, str | None] | None:
+    """(content, tool_call_id) of a serialised LangChain message, else ``None``."""
+    if not isinstance(value, Mapping):
+        return None
+    if value.get("lc") == 1 and isinstance(value.get("kwargs"), Mapping):
+        kwargs = value["kwargs"]
+        return kwargs.get("content"), kwargs.get("tool_call_id")
+    if value.get("type") == "tool" and isinstance(value.get("data"), Mapping):  # message_to_dict
+        data = value["data"]
+        return data.get("content"), data.get("tool_call_id")
+    if value.get("type") == "tool" and "content" in value and "tool_call_id" in value:
+        return value.get("content"), value.get("tool_call_id")
+    return None
+
+
+def parent_call(parent_attributes: Mapping[str, str], tool_name: str | None) -> tuple[str, str | None] | None:
+    """(arguments, call id) of the one call a parent span ran, when the parent records it
+    (LangGraph's ``tools`` node: ``input.value`` = ``[{"name", "args", "id", "type": "tool_call"}]``);
+    used when the tool span itself records a bare value instead of its keyed arguments."""
+    text = parent_attributes.get("input.value")
+    if not text or not text.startswith("["):
+        return None
+    value = _loads(text)
+    if not (isinstance(value, list) and len(value) == 1 and isinstance(value[0], Mapping)):
+        return None
+    call = value[0]
+    if call.get("type") != "tool_call" or not isinstance(call.get("args"), Mapping):
+        return None
+    if tool_name is not None and call.get("name") != tool_name:
+        return None
+    call_id = call.get("id")
+    return _dump(dict(call["args"])), call_id if isinstance(call_id, str) else None
+
+
+def unwrap_result(text: str) -> tuple[str, str | None]:
+    """(the result's content, a call id found in its envelope) of a recorded tool result."""
+    value = _loads(text)
+    if isinstance(value, Mapping) and "kwargs" in value and set(value) <= _TRACELOOP_OUTPUT_KEYS:
+        for inner in ("outputs", "output"):  # Traceloop's envelope
+            if inner in value:
+                value = value[inner]
+                break
+    if isinstance(value, Mapping) and "raw_output" in value and "tool_name" in value:  # LlamaIndex ToolOutput
+        value = value["raw_output"]
+    found = _langchain_message(value)
+    if found is not None:
+        content, call_id = found
+        return _dump(content), call_id
+    if isinstance(value, str):
+        match = _LANGCHAIN_REPR.match(value)
+        if match and " tool_call_id=" in value:
+            call = re.search(r" tool_call_id=(['\"])(.*?)\1", value)
+            return match.group("content"), call.group(2) if call else None
+        return value, None
+    return (text if isinstance(_loads(text), str) else _dump(value)), None
+
+
+def _result(attributes: Mapping[str, str]) -> tuple[str | None, str | None]:
+    text = _first(attributes, RESULT_KEYS)
+    if text is None:
+        return None, None
+    return unwrap_result(text)
+
+
+def _tool_name(name: str, attributes: Mapping[str, str]) -> str | None:
+    found = _first(attributes, TOOL_NAME_KEYS)
+    if found is not None:
+        return found
+    if TRACELOOP_NAME in attributes:
+        return attributes[TRACELOOP_NAME]
+    for prefix in ("execute_tool ", "running tool: "):
+        if name.startswith(prefix):
+            return name[len(prefix) :].strip() or None
+    return None
+
+
+def read_span(
+    name: str,
+    attributes: Mapping[str, str],
+    *,
+    status_code: int = 0,
+    event_names: Sequence[str] = (),
+    is_failure: Callable[[str], bool] | None = None,
+) -> ForeignSpan:
+    """The role and, for a tool span, the call's facts (see the module docstring)."""
+    role = _role(name, attributes)
+    fam = family(attributes)
+    failed = status_code == 2 or EXCEPTION_EVENT in event_names
+    if role == "tool":
+        result, envelope_id = _result(attributes)
+        if result is not None and is_failure is not None and is_failure(result):
+            failed = True
+        arguments, argument_id = _arguments(attributes)
+        return ForeignSpan(
+            role="tool",
+            family=fam,
+            tool_name=_tool_name(name, attributes),
+            call_id=_first(attributes, CALL_ID_KEYS) or envelope_id or argument_id,
+            arguments=arguments,
+            result=result,
+            failed=failed,
+        )
+    if role == "llm":
+        return ForeignSpan(role="llm", family=fam, model=_first(attributes, MODEL_KEYS), failed=failed)
+    if role == "agent":
+        return ForeignSpan(role="agent", family=fam, agent_name=_first(attributes, AGENT_NAME_KEYS), failed=failed)
+    return ForeignSpan(role="other", family=fam, failed=failed)
