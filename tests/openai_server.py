@@ -207,7 +207,11 @@ def turn_chunks(
 def completion_json(turn: Turn, *, model: str, number: int) -> dict[str, Any]:
     """``turn`` as one non-streamed ``chat.completion`` object (request ``number``)."""
     calls = [
-        {"id": c.id or f"call_{number}_{i}", "type": "function", "function": {"name": c.name, "arguments": c.arguments_text()}}
+        {
+            "id": c.id or f"call_{number}_{i}",
+            "type": "function",
+            "function": {"name": c.name, "arguments": c.arguments_text()},
+        }
         for i, c in enumerate(turn.tool_calls)
     ]
     message: dict[str, Any] = {"role": "assistant", "content": turn.text or None, "refusal": None}
@@ -219,7 +223,9 @@ def completion_json(turn: Turn, *, model: str, number: int) -> dict[str, Any]:
         "object": "chat.completion",
         "created": _CREATED,
         "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "tool_calls" if calls else "stop"}],
+        "choices": [
+            {"index": 0, "message": message, "logprobs": None, "finish_reason": "tool_calls" if calls else "stop"}
+        ],
         "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
     }
 

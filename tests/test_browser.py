@@ -53,7 +53,7 @@ def dashboard_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.skip("no Chromium on this machine (set TREELLM_REQUIRE_BROWSER=1 to make this a failure)")
     folder = tmp_path_factory.mktemp("browser")
     db = folder / "samples.duckdb"
-    ingest(db, [ROOT / "sample_traces"])
+    ingest(db, [ROOT / "sample_traces", ROOT / "tests" / "data" / "frameworks" / "langgraph.pb"])
     port = free_port()
     with subprocess.Popen(
         [sys.executable, "-m", "treellm", "dashboard", "--db", str(db), "--port", str(port)],
@@ -100,5 +100,49 @@ def test_every_page_renders_in_a_real_browser(dashboard_url: str, path: str, tmp
             keep = ROOT / "test-output"
             keep.mkdir(exist_ok=True)
             shutil.copy(shot, keep / f"{name}.png")
+        finally:
+            browser.close()
+
+
+def first_langgraph_run() -> str:
+    """The run id of the first run of the recorded LangGraph trace (its root span: no agent span there)."""
+    from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
+
+    data = (ROOT / "tests" / "data" / "frameworks" / "langgraph.pb").read_bytes()
+    pos = 0
+    roots = []
+    while pos < len(data):
+        size = int.from_bytes(data[pos : pos + 4], "big")
+        record = TracesData.FromString(data[pos + 4 : pos + 4 + size])
+        pos += 4 + size
+        for rs in record.resource_spans:
+            for ss in rs.scope_spans:
+                roots += [(s.start_time_unix_nano, s.trace_id.hex(), s.span_id.hex()) for s in ss.spans
+                          if not s.parent_span_id]  # fmt: skip
+    _, trace_id, span_id = min(roots)
+    return f"{trace_id}:{span_id}"
+
+
+def test_a_foreign_run_is_drawn_as_a_tree_in_a_real_browser(dashboard_url: str, tmp_path: Path) -> None:
+    """A LangGraph run (OpenInference spans): think nodes chained, tool nodes under them, not a flat row."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{dashboard_url}/run?run={first_langgraph_run()}")
+            page.get_by_text("Run tree:", exact=False).first.wait_for(timeout=60_000)
+            page.wait_for_function("() => document.querySelector('.js-plotly-plot') !== null", timeout=60_000)
+            shape = page.evaluate(
+                """() => { const plot = document.querySelector('.js-plotly-plot');
+                           const ys = plot.data[0].y.filter(v => v !== null);
+                           return {edges: ys.length / 2, levels: new Set(ys).size}; }"""
+            )
+            assert shape["edges"] >= 4 and shape["levels"] >= 3, shape
+            page.screenshot(path=str(tmp_path / "foreign-run.png"), full_page=True)
+            keep = ROOT / "test-output"
+            keep.mkdir(exist_ok=True)
+            shutil.copy(tmp_path / "foreign-run.png", keep / "foreign-run.png")
         finally:
             browser.close()

@@ -132,6 +132,38 @@ def test_run_explorer_opens_the_run_and_node_of_a_deep_link(
     assert any("record 7" in c.value for c in at.code)  # the node's captured result, as text
 
 
+def test_a_foreign_run_is_drawn_as_a_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spans of another framework (LangGraph through OpenInference) get their tree back from span
+    parents: think nodes chained one level apart, tool nodes under the think node that asked."""
+    from test_browser import first_langgraph_run
+
+    db = tmp_path / "foreign.duckdb"
+    ingest(db, [ROOT / "tests" / "data" / "frameworks" / "langgraph.pb"])
+    run_id = first_langgraph_run()
+    at = page("run_explorer", db, monkeypatch, run=run_id)
+    assert at.selectbox(key="run_pick").value == run_id
+    assert int({m.label: m.value for m in at.metric}["Nodes"]) == 7  # 4 thinks, 3 search calls
+    con = open_store(db, read_only=True)
+    nodes = con.execute(
+        "SELECT node_id, kind, parent_id, depth FROM nodes WHERE run_id = ? ORDER BY start_ns", [run_id]
+    ).fetchall()
+    con.close()
+    import json
+
+    tree = next(json.loads(c.proto.spec) for c in at.get("plotly_chart") if "Run tree" in c.proto.spec)
+    edges = [y for y in tree["data"][0]["y"] if y is not None]
+    assert len(edges) // 2 == len(nodes) - 1  # one root, every other node under a parent
+    assert [(kind, depth) for _, kind, _, depth in nodes] == [
+        ("think", 0),
+        ("tool", 0),
+        ("think", 1),
+        ("tool", 1),
+        ("think", 2),
+        ("tool", 2),
+        ("think", 3),
+    ]
+
+
 def test_a_run_without_prunes_says_so(sample_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     at = page("run_explorer", sample_store, monkeypatch, run="sample-retries")
     assert any("No repeated call was caught" in s.value for s in at.success)

@@ -37,7 +37,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from treellm.errors import IngestError
 from treellm.otlp import spans_to_traces_data, traces_data_line
 from treellm.signature import canonical_json, parse_arguments
-from treellm.store.foreign import (
+from treellm.store.formats import (
     detect_format,
     iter_traces_data,
     proto_to_traces_data,

@@ -1,16 +1,25 @@
-"""Every input format ingests into the same views; real files' counts match an independent count."""
+"""Every input format ingests into the same views; real files' counts match an independent count;
+the registry of input formats is the one source of the CLI choices and the README table."""
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
+import typing
 from pathlib import Path
 from typing import Any
 
+import pytest
+from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
+from treellm.errors import IngestError
 from treellm.signature import canonical_json, parse_arguments
 from treellm.simulate.demo import demo_executor
 from treellm.store import ingest, open_store
@@ -153,3 +162,200 @@ def test_two_parquet_folders_read_as_one_store(tmp_path: Path) -> None:
     from_parquet = con.execute("SELECT count(*), sum(tool_nodes) FROM runs").fetchall()
     con.close()
     assert from_parquet == count(both, "SELECT count(*), sum(tool_nodes) FROM runs")
+
+
+# --- the registry of input formats ------------------------------------------------------------------
+
+
+def test_every_format_module_exposes_name_sniff_and_convert_and_the_registry_orders_them() -> None:
+    from treellm.store import formats
+
+    assert typing.get_args(formats.InputFormat) == formats.NAMES
+    assert len(set(formats.NAMES)) == len(formats.NAMES)
+    for fmt in formats.FORMATS:
+        module = importlib.import_module(f"treellm.store.formats.{fmt.name.replace('-', '_')}")
+        assert (module.NAME, module.sniff, module.convert) == (fmt.name, fmt.sniff, fmt.convert)
+        assert module.__doc__ and f"``{fmt.name}``" in module.__doc__
+
+
+def test_the_cli_choices_and_the_ingest_type_are_the_registry_names() -> None:
+    from treellm import cli
+    from treellm.store import formats
+    from treellm.store.ingest import InputFormatChoice
+
+    assert typing.get_args(InputFormatChoice) == ("auto", *formats.NAMES)
+    assert ("auto", *formats.NAMES) == cli.INPUT_FORMATS
+    parser = cli.build_parser()
+    ingest_parser = next(
+        action.choices["ingest"] for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+    )
+    [choices] = [action.choices for action in ingest_parser._actions if action.dest == "input_format"]
+    assert tuple(choices) == ("auto", *formats.NAMES)
+
+
+def test_the_readme_table_of_recognised_inputs_is_the_registry() -> None:
+    from treellm.store.formats import readme_table
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    assert readme_table() in readme
+
+
+# --- the OpenTelemetry SDK's console output and its JSON lines ------------------------------------------
+
+
+T0 = 1_717_000_000_123_456_000  # whole microseconds: the SDK's ISO times keep exactly these
+US = 1_000
+
+
+def console_spans(formatter: Any | None, path: Path) -> list[ReadableSpan]:
+    """The same spans written by a real ``ConsoleSpanExporter`` to ``path`` and kept in memory:
+    a root, a child with every attribute type, an event, a link and an error, a grandchild."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource({"service.name": "console-test", "host.cores": 2}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    with path.open("w", encoding="utf-8") as out:
+        exporter = (
+            ConsoleSpanExporter(out=out) if formatter is None else ConsoleSpanExporter(out=out, formatter=formatter)
+        )
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        tracer = provider.get_tracer("scope-a", "1.2")
+        root = tracer.start_span("root", kind=SpanKind.SERVER, start_time=T0, attributes={"n": 1})
+        child = tracer.start_span(
+            "child",
+            context=trace.set_span_in_context(root),
+            kind=SpanKind.CLIENT,
+            start_time=T0 + 5 * US,
+            links=[Link(root.get_span_context(), {"relation": "caused_by"})],
+            attributes={
+                "str": "naïve ✓ \u2028",
+                "int": -(2**62),
+                "float": 1.25,
+                "nan": float("nan"),
+                "bool": True,
+                "strs": ["a", "b"],
+                "ints": [1, 2],
+                "bools": [True, False],
+            },
+        )
+        child.add_event("retry", {"attempt": 2, "why": "busy"}, timestamp=T0 + 7 * US)
+        child.set_status(Status(StatusCode.ERROR, "boom"))
+        grandchild = tracer.start_span("grandchild", context=trace.set_span_in_context(child), start_time=T0 + 8 * US)
+        grandchild.set_status(Status(StatusCode.OK))
+        grandchild.end(end_time=T0 + 8 * US + US)
+        child.end(end_time=T0 + 9 * US)
+        root.end(end_time=T0 + 11 * US)
+        provider.shutdown()
+    return list(memory.get_finished_spans())
+
+
+def compact(span: ReadableSpan) -> str:
+    return span.to_json(indent=None) + "\n"
+
+
+ROW_QUERIES = {
+    "spans": "SELECT * EXCLUDE (source, scope_name, scope_version) FROM spans ORDER BY span_id",
+    "events": "SELECT * FROM span_events ORDER BY span_id, event_index",
+    "links": "SELECT * FROM span_links ORDER BY span_id, link_index",
+}
+
+
+def rows(db: Path) -> dict[str, Any]:
+    return {name: count(db, sql) for name, sql in ROW_QUERIES.items()}
+
+
+@pytest.mark.parametrize(
+    ("formatter", "expected"),
+    [(None, "sdk-console"), (compact, "sdk-jsonl"), (lambda s: s.to_json(indent=2), "sdk-console")],
+    ids=["console-default", "console-jsonl", "console-no-separator"],
+)
+def test_console_exporter_files_ingest_exactly_like_the_same_spans_as_otlp(
+    tmp_path: Path, formatter: Any, expected: str
+) -> None:
+    from treellm.store.formats import detect_format, iter_traces_data
+
+    path = tmp_path / "console.txt"
+    spans = console_spans(formatter, path)
+    text = path.read_text(encoding="utf-8")
+    assert not text.lstrip().startswith("[") and text.count('"parent_id"') == 3
+    assert detect_format(path) == expected
+    records = list(iter_traces_data(path, expected))
+    assert [index for index, _ in records] == [0, 1, 2]  # one record per span
+    otlp = tmp_path / "same.pb"
+    otlp.write_bytes(encode_spans(spans).SerializeToString())
+    from_console, from_otlp = tmp_path / "console.duckdb", tmp_path / "otlp.duckdb"
+    report = ingest(from_console, [path])
+    assert report.details[0].input_format == expected and report.spans == 3
+    ingest(from_otlp, [otlp])
+    got, want = rows(from_console), rows(from_otlp)
+    assert got == want
+    assert len(want["events"]) == 1 and len(want["links"]) == 1
+    parents = count(
+        from_console, "SELECT name, parent_span_id IS NULL, status_code, status_message FROM spans ORDER BY name"
+    )
+    assert parents == [("child", False, 2, "boom"), ("grandchild", False, 1, None), ("root", True, 0, None)]
+
+
+def test_console_detection_tells_the_json_shapes_apart(tmp_path: Path) -> None:
+    from treellm.otlp import spans_to_traces_data
+    from treellm.store.formats import detect_format
+
+    path = tmp_path / "console.txt"
+    spans = console_spans(None, path)
+    doc = spans_to_traces_data(spans)
+    one = json.loads(spans[0].to_json())
+    cases = {
+        "otlp-jsonl": json.dumps(doc) + "\n" + json.dumps(doc) + "\n",
+        "otlp-json": json.dumps(doc, indent=2) + "\n" + json.dumps(doc, indent=2),
+        "sdk-jsonl": compact(spans[0]) + compact(spans[1]),
+        "sdk-console": spans[0].to_json() + "\n" + spans[1].to_json() + "\n",
+        "sdk-json": json.dumps({"spans": [one]}, indent=4),
+        "trajectory": json.dumps([{"role": "user", "content": "hi"}]),
+    }
+    for name, content in cases.items():
+        target = tmp_path / f"{name}.json"
+        target.write_text(content, encoding="utf-8")
+        assert detect_format(target) == name, name
+    for content in (spans[0].to_json(), compact(spans[0]), json.dumps([one, one], indent=4)):
+        target = tmp_path / "single.json"
+        target.write_text(content, encoding="utf-8")
+        assert detect_format(target) == "sdk-json"  # one span, or a list: one document, as before
+
+
+def test_a_corrupt_console_file_names_the_file_and_the_record_and_skip_bad_keeps_the_rest(tmp_path: Path) -> None:
+    source = tmp_path / "console.txt"
+    spans = console_spans(None, source)
+    objects = [s.to_json() for s in spans]  # grandchild, child, root (the order they ended)
+    broken_json = objects[1].replace('"name": "child",', '"name": "child"', 1)  # a comma missing
+    bad_span = objects[1].replace('"kind": "SpanKind.CLIENT"', '"kind": "SpanKind.SIDEWAYS"', 1)
+    assert broken_json != objects[1] and bad_span != objects[1]
+    for label, corrupt in (("json", broken_json), ("span", bad_span)):
+        path = tmp_path / f"corrupt-{label}.txt"
+        path.write_text("\n".join([objects[0], corrupt, objects[2]]) + "\n", encoding="utf-8")
+        with pytest.raises(IngestError) as caught:
+            ingest(tmp_path / f"strict-{label}.duckdb", [path])
+        assert caught.value.path == str(path) and caught.value.record == 1
+        assert str(caught.value).startswith(f"{path} (record 1): span object at line")
+        db = tmp_path / f"skip-{label}.duckdb"
+        report = ingest(db, [path], skip_bad=True)
+        assert [(b.path, b.record) for b in report.bad_records] == [(str(path), 1)]
+        assert count(db, "SELECT name FROM spans ORDER BY name") == [("grandchild",), ("root",)]
+
+
+def test_a_corrupt_sdk_json_lines_file_names_the_line_and_skip_bad_reports_each_bad_one(tmp_path: Path) -> None:
+    source = tmp_path / "console.jsonl"
+    spans = console_spans(compact, source)
+    lines = source.read_text(encoding="utf-8").splitlines()
+    lines[1] = lines[1][: len(lines[1]) // 2]  # a torn span
+    lines.append('{"name": "no context", "start_time": 1}')
+    path = tmp_path / "corrupt.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(IngestError) as caught:
+        ingest(tmp_path / "strict.duckdb", [path])
+    assert (caught.value.path, caught.value.line, caught.value.record) == (str(path), 2, 1)
+    assert str(caught.value).startswith(f"{path}:2: invalid JSON")
+    db = tmp_path / "skip.duckdb"
+    report = ingest(db, [path], skip_bad=True)
+    assert [(b.line, b.record) for b in report.bad_records] == [(2, 1), (4, 3)]
+    assert "context.trace_id" in report.bad_records[1].reason
+    assert count(db, "SELECT name FROM spans ORDER BY name") == [("grandchild",), ("root",)]
+    assert len(spans) == 3

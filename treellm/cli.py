@@ -338,12 +338,17 @@ def _command(sub: Any, name: str, **options: Any) -> argparse.ArgumentParser:
     return parser
 
 
+# The names of treellm.store.formats.FORMATS in detection order, spelled out because importing
+# the store would slow every command's start; tests/test_store_formats.py checks them.
+INPUT_FORMATS = ("auto", "otlp-jsonl", "sdk-jsonl", "otlp-json", "trajectory", "sdk-json", "sdk-console", "otlp-proto")
+
+
 def _add_data_commands(sub: Any) -> None:
     """ingest, export, gc, simulate, report and tune."""
     ingest = _command(
         sub,
         "ingest",
-        help="ingest trace files (OTLP JSON lines or document, OTLP protobuf, SDK span JSON, chat trajectories)",
+        help="ingest trace files (OTLP JSON lines or documents, OTLP protobuf, SDK span JSON, chat trajectories)",
         description=(
             "Ingest trace files into the DuckDB store, one transaction per file; re-ingesting adds nothing. "
             "Folders are walked. The store is --db, else $TREELLM_DB, else ./treellm.duckdb."
@@ -355,7 +360,7 @@ def _add_data_commands(sub: Any) -> None:
     ingest.add_argument(
         "--input-format",
         default="auto",
-        choices=["auto", "otlp-jsonl", "otlp-json", "otlp-proto", "sdk-json", "trajectory"],
+        choices=INPUT_FORMATS,
         help="the files' format (default: detect it)",
     )
     ingest.add_argument(

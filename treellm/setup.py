@@ -4,9 +4,17 @@ One call sets up tracing (a batch span processor per exporter) and metrics,
 installs both as the global providers (so a plain ``TreeExecutor(...)`` is
 traced) and returns the tracer provider. It honours the standard ``OTEL_*``
 environment variables: ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES``
-for the resource, and ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``..._TRACES_ENDPOINT``)
+for the resource, ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``..._TRACES_ENDPOINT``)
 to send the same spans to any OTLP backend (Jaeger, Tempo, Phoenix, a
-Collector) with no code change.
+Collector) with no code change, and ``OTEL_TRACES_EXPORTER`` /
+``OTEL_METRICS_EXPORTER``: a comma-separated list of ``otlp``, ``console`` (the
+SDK's console exporters, to stdout), or ``none`` (no exporter from the
+environment for that signal). Unset, a signal exports OTLP when an OTLP endpoint
+variable is set (``..._ENDPOINT``, ``..._TRACES_ENDPOINT``, and for metrics
+``..._METRICS_ENDPOINT``), else nothing. The arguments win over the environment:
+``otlp=`` (both signals) and ``console=`` (spans); ``jsonl=`` and ``duckdb=`` are
+never turned off by it. Any other value is a :class:`~treellm.errors.ConfigError`
+naming the variable, raised before anything is installed.
 
 Exporter failures are logged and counted by the exporters and the SDK's
 processors; they are never raised into the agent. The OpenTelemetry API lets a
@@ -19,15 +27,19 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Final, Literal
 
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
+from treellm.errors import ConfigError
 from treellm.exporters.jsonl import OTLPJsonlSpanExporter
 from treellm.telemetry.redaction import Capture, CaptureMode, resolve_capture, set_default_capture
 
@@ -36,7 +48,64 @@ __all__ = ["DEFAULT_SERVICE_NAME", "configure"]
 logger = logging.getLogger(__name__)
 
 DEFAULT_SERVICE_NAME = "treellm"
-_OTLP_ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+_OTLP_ENDPOINT_VARS: Final = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+_METRICS_ENDPOINT_VARS: Final = (*_OTLP_ENDPOINT_VARS, "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+TRACES_EXPORTER_ENV: Final = "OTEL_TRACES_EXPORTER"
+METRICS_EXPORTER_ENV: Final = "OTEL_METRICS_EXPORTER"
+
+ExporterName = Literal["otlp", "console"]
+_NAMES: Final[Mapping[str, ExporterName | None]] = {"otlp": "otlp", "console": "console", "none": None}
+
+
+@dataclass(frozen=True, slots=True)
+class ExporterPlan:
+    """Which exporters each signal gets besides ``jsonl=`` / ``duckdb=`` (spans only)."""
+
+    traces: frozenset[ExporterName]
+    metrics: frozenset[ExporterName]
+
+
+def exporters_from_env(variable: str, environ: Mapping[str, str]) -> frozenset[ExporterName] | None:
+    """The exporters ``$variable`` names (``none``: the empty set); None when unset or empty."""
+    raw = environ.get(variable, "")
+    names = [name.strip().lower() for name in raw.split(",") if name.strip()]
+    if not names:
+        return None
+    for name in names:
+        if name not in _NAMES:
+            raise ConfigError(
+                f"{variable}: expected a comma-separated list of otlp, console or none, got {raw!r} "
+                f"({name!r} is not an exporter treellm knows)",
+                setting=variable,
+            )
+    if "none" in names and len(set(names)) > 1:
+        raise ConfigError(f"{variable}: expected none alone or a list of exporters, got {raw!r}", setting=variable)
+    return frozenset(exporter for name in names if (exporter := _NAMES[name]) is not None)
+
+
+def _default(endpoint_vars: tuple[str, ...], environ: Mapping[str, str]) -> frozenset[ExporterName]:
+    return frozenset({"otlp"}) if any(environ.get(name) for name in endpoint_vars) else frozenset()
+
+
+def _overridden(exporters: frozenset[ExporterName], name: ExporterName, wanted: bool | None) -> frozenset[ExporterName]:
+    if wanted is None:
+        return exporters
+    return exporters | {name} if wanted else exporters - {name}
+
+
+def exporter_plan(otlp: bool | str | None, console: bool | None, environ: Mapping[str, str]) -> ExporterPlan:
+    """The exporters of each signal: the arguments (when given) over the environment (pure)."""
+    traces = exporters_from_env(TRACES_EXPORTER_ENV, environ)
+    metrics = exporters_from_env(METRICS_EXPORTER_ENV, environ)
+    if traces is None:
+        traces = _default(_OTLP_ENDPOINT_VARS, environ)
+    if metrics is None:
+        metrics = _default(_METRICS_ENDPOINT_VARS, environ)
+    wants_otlp = None if otlp is None else bool(otlp)
+    return ExporterPlan(
+        traces=_overridden(_overridden(traces, "otlp", wants_otlp), "console", console),
+        metrics=_overridden(metrics, "otlp", wants_otlp),
+    )
 
 
 def _resource(service_name: str | None) -> Resource:
@@ -50,30 +119,28 @@ def _resource(service_name: str | None) -> Resource:
     return resource
 
 
-def _wants_otlp(otlp: bool | str | None) -> bool:
-    if otlp is None:
-        return any(os.environ.get(name) for name in _OTLP_ENDPOINT_VARS)
-    return bool(otlp)
-
-
 def configure(
     service_name: str | None = None,
     *,
     jsonl: str | os.PathLike[str] | None = None,
     duckdb: str | os.PathLike[str] | None = None,
     otlp: bool | str | None = None,
-    console: bool = False,
+    console: bool | None = None,
     capture: Capture | CaptureMode | None = None,
 ) -> TracerProvider:
     """Build the SDK pipeline, install it as the global provider and return it.
 
     ``jsonl``: append OTLP/JSON lines to this file (what ``treellm ingest``
     reads). ``duckdb``: write into this treellm store (through an fsync'd journal,
-    holding the write lock only per batch). ``otlp``: ``True`` or an endpoint URL sends OTLP/HTTP (protobuf);
-    ``None`` sends it when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set. ``console``
-    prints spans. ``capture``: ``"redacted"`` (default), ``"full"`` or
-    ``"none"``; when not given, ``TREELLM_CAPTURE`` decides.
+    holding the write lock only per batch). ``otlp``: ``True`` or an endpoint URL sends
+    spans and metrics over OTLP/HTTP (protobuf), ``False`` does not; ``None`` leaves it to
+    ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER``, else sends them when
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set. ``console``: ``True`` prints spans, ``False``
+    does not, ``None`` leaves it to ``OTEL_TRACES_EXPORTER``. ``capture``: ``"redacted"``
+    (default), ``"full"`` or ``"none"``; when not given, ``TREELLM_CAPTURE`` decides.
+    Raises :class:`~treellm.errors.ConfigError` for an exporter variable it cannot honour.
     """
+    plan = exporter_plan(otlp, console, os.environ)  # first: a bad variable installs nothing
     set_default_capture(resolve_capture(capture) if capture is not None else None)
     resolve_capture()  # validate TREELLM_CAPTURE now, not at the first span
     resource = _resource(service_name)
@@ -86,17 +153,21 @@ def configure(
         from treellm.store.exporter import DuckDBSpanExporter
 
         provider.add_span_processor(BatchSpanProcessor(DuckDBSpanExporter(duckdb)))
-    if _wants_otlp(otlp):
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    endpoint = otlp if isinstance(otlp, str) else None
+    if "otlp" in plan.traces:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        endpoint = otlp if isinstance(otlp, str) else None
         traces_endpoint = f"{endpoint.rstrip('/')}/v1/traces" if endpoint else None
-        metrics_endpoint = f"{endpoint.rstrip('/')}/v1/metrics" if endpoint else None
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_endpoint)))
-        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=metrics_endpoint)))
-    if console:
+    if "console" in plan.traces:
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+    if "otlp" in plan.metrics:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+        metrics_endpoint = f"{endpoint.rstrip('/')}/v1/metrics" if endpoint else None
+        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=metrics_endpoint)))
+    if "console" in plan.metrics:
+        readers.append(PeriodicExportingMetricReader(ConsoleMetricExporter()))
     meter_provider = MeterProvider(resource=resource, metric_readers=readers)
     if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         trace.set_tracer_provider(provider)

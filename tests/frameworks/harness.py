@@ -18,8 +18,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from openai_server import Call, OpenAIServer, Turn  # noqa: E402
-from scenario import Responder  # noqa: E402
+from openai_server import Call, OpenAIServer, Turn
+from scenario import Responder
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

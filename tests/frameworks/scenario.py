@@ -191,15 +191,17 @@ TRUTH: dict[str, Any] = {
 }
 
 
-def truth_from_script() -> dict[str, Any]:
-    """The same figures computed from ``RUNS`` and ``ToolBox`` (a check on ``TRUTH``)."""
+def truth_from_script(runs: Sequence[int] | None = None) -> dict[str, Any]:
+    """The same figures computed from ``RUNS`` and ``ToolBox`` (a check on ``TRUTH``), for
+    every run or the runs given (verdicts apart: those are stated by hand in ``TRUTH``)."""
+    chosen = [RUNS[i] for i in (range(len(RUNS)) if runs is None else runs)]
     box = ToolBox()
     calls: Counter[str] = Counter()
     repeats: Counter[str] = Counter()
     productive: Counter[str] = Counter()
     wasted: Counter[str] = Counter()
     paging: Counter[str] = Counter()
-    for turns in RUNS:
+    for turns in chosen:
         seen: dict[tuple[str, str], list[str]] = {}
         previous: ScriptCall | None = None
         for turn in turns:
@@ -225,7 +227,7 @@ def truth_from_script() -> dict[str, Any]:
                     paging[call.tool] += 1
                 previous = call
     return {
-        "runs": len(RUNS),
+        "runs": len(chosen),
         "calls": sum(calls.values()),
         "calls_by_tool": dict(calls),
         "repeats_by_tool": dict(repeats),

@@ -19,10 +19,10 @@ from treellm.collector.config import DEFAULTS, parse_size
 __all__ = ["DESCRIPTION", "EPILOG", "add_arguments", "run"]
 
 DESCRIPTION = (
-    "Receive OTLP/HTTP traces (protobuf or JSON, gzip or not) on /v1/traces and write them into the store "
-    "through an fsync'd journal beside it (<db>.collector/); a request is answered 200 once its spans are "
-    "durable. SIGTERM or Ctrl-C drains the journal into the store and exits 0 (75 when the store stayed "
-    "busy: the spans wait in the journal for the next start)."
+    "Receive OTLP/HTTP traces and metrics (protobuf or JSON, gzip or not) on /v1/traces and /v1/metrics and "
+    "write them into the store (spans, metric_points) through an fsync'd journal beside it (<db>.collector/); "
+    "a request is answered 200 once its data is durable. SIGTERM or Ctrl-C drains the journal into the store "
+    "and exits 0 (75 when the store stayed busy: the data waits in the journal for the next start)."
 )
 EPILOG = "example:\n  TREELLM_TOKEN=s3cret treellm collect --db runs.duckdb --port 4318 --token-env TREELLM_TOKEN"
 

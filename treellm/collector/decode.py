@@ -1,11 +1,11 @@
-"""Pure decoding of OTLP/HTTP trace requests into journal lines. No I/O.
+"""Pure decoding of OTLP/HTTP trace and metrics requests into journal lines. No I/O.
 
 Contract:
 
 - :func:`decode_request` takes a whole (decompressed) request body, protobuf or JSON,
   and returns :class:`Decoded`: the accepted spans as OTLP/JSON ``TracesData`` lines in
   the store's canonical encoding (the one :mod:`treellm.otlp` and
-  :func:`~treellm.store.foreign.proto_to_traces_data` write: lowercase hex ids, 64-bit
+  :func:`~treellm.store.formats.otlp_proto.proto_to_traces_data` write: lowercase hex ids, 64-bit
   integers as decimal strings, ``AnyValue`` objects, integer enums), ready for the
   journal and for :func:`~treellm.store.ingest_file`; and how many spans were rejected
   and why. Deterministic; the body is never mutated.
@@ -18,11 +18,14 @@ Contract:
   nested too deep. Whatever is accepted is ingestable: the journal never holds a line
   the store would refuse.
 - Protobuf is parsed and checked here, then converted by
-  :func:`~treellm.store.foreign.proto_to_traces_data`; JSON is rebuilt field by field by
+  :func:`~treellm.store.formats.otlp_proto.proto_to_traces_data`; JSON is rebuilt field by field by
   :mod:`treellm.collector.otlp_json` (the OTLP/JSON rules are listed there).
 - A request's spans become lines of at most :data:`LINE_SPANS` spans and
   :data:`LINE_BYTES` bytes (the ingester reads lines of up to 64 MiB; smaller lines keep
   its memory low). A single span above :data:`LINE_BYTES` once encoded is rejected.
+- :func:`decode_metrics_request` does the same for ``/v1/metrics``: one line per data point,
+  a row of :mod:`treellm.store.metrics` (converted and checked there), rejected points
+  counted apart, an undecodable body a :class:`BadRequest`.
 - :func:`decompress` inflates ``gzip`` / ``deflate`` bodies without ever holding more
   than ``limit + 1`` bytes of output: a compression bomb raises :class:`PayloadTooLarge`
   (HTTP 413) as soon as it crosses the limit; a truncated or corrupt stream raises
@@ -45,7 +48,13 @@ from treellm.collector.errors import BadRequest, PayloadTooLarge
 from treellm.collector.otlp_json import JsonObject, normalize_request
 from treellm.errors import IngestError
 from treellm.otlp import json_line
-from treellm.store.foreign import proto_to_traces_data
+from treellm.store.formats.otlp_proto import proto_to_traces_data
+from treellm.store.metrics import (
+    metrics_request_from_json,
+    metrics_request_from_protobuf,
+    point_line,
+    points_from_request,
+)
 
 __all__ = [
     "LINE_BYTES",
@@ -53,6 +62,7 @@ __all__ = [
     "Decoded",
     "Encoding",
     "decode_json",
+    "decode_metrics_request",
     "decode_protobuf",
     "decode_request",
     "decompress",
@@ -79,6 +89,7 @@ class Decoded:
     accepted: int
     rejected: int
     reasons: tuple[str, ...] = ()
+    unit: str = "span"
 
     def error_message(self) -> str:
         """The ``partial_success.error_message``: the count and the first reasons."""
@@ -86,7 +97,7 @@ class Decoded:
             return ""
         shown = "; ".join(self.reasons[:MAX_REASONS])
         more = f"; and {self.rejected - MAX_REASONS} more" if self.rejected > MAX_REASONS else ""
-        return f"{self.rejected} span(s) rejected: {shown}{more}"
+        return f"{self.rejected} {self.unit}(s) rejected: {shown}{more}"
 
 
 # --- the whole request --------------------------------------------------------------------------------
@@ -197,6 +208,33 @@ def decode_json(body: bytes) -> Decoded:
     normalized = normalize_request(doc, max_reasons=MAX_REASONS)
     docs = [normalized.traces_data] if normalized.traces_data is not None else []
     return _finish(docs, normalized.total, normalized.rejected, list(normalized.reasons))
+
+
+# --- metrics -------------------------------------------------------------------------------------------
+
+
+def decode_metrics_request(body: bytes, encoding: Encoding) -> Decoded:
+    """A ``/v1/metrics`` body, protobuf or OTLP/JSON ``ExportMetricsServiceRequest``: one journal line
+    per data point (:func:`~treellm.store.metrics.point_line`); a point the store cannot hold, or
+    one above :data:`LINE_BYTES` once encoded, is rejected alone. An undecodable body raises
+    :class:`BadRequest`."""
+    parse = metrics_request_from_protobuf if encoding == "protobuf" else metrics_request_from_json
+    try:
+        request = parse(body)
+    except IngestError as exc:
+        raise BadRequest(exc.reason) from None
+    batch = points_from_request(request, max_reasons=MAX_REASONS)
+    reasons = list(batch.reasons)
+    rejected = batch.rejected
+    lines = []
+    for point in batch.points:
+        line = point_line(point)
+        if len(line) > LINE_BYTES:
+            rejected += 1
+            _note(reasons, f"a data point of {point.metric_name} is above the {LINE_BYTES // 2**20} MiB line limit")
+        else:
+            lines.append(line)
+    return Decoded(tuple(lines), batch.total - rejected, rejected, tuple(reasons), unit="data point")
 
 
 # --- lines ----------------------------------------------------------------------------------------------

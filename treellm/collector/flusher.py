@@ -32,6 +32,13 @@ Contract (runs on its own thread; never raises):
   good lines are never held back by a bad one, and nothing is deleted. Any other failure
   (disk, a corrupt store) is logged, counted and retried with backoff: the journal keeps
   the data.
+- Metric points (optional ``metrics_journal``, see :mod:`treellm.store.metrics`): each
+  flush, after its span segment, inserts the oldest metrics segment (or the open one, cut)
+  with :func:`~treellm.store.metrics.insert_point_lines`, in its own short transaction right
+  after the span one, so both kinds share one flush and the readers' pause. The same rules
+  apply: deleted after the commit (``point_id`` makes a replay harmless), busy and failures
+  retried, a refused segment split down to a quarantined line. A busy store skips the
+  metrics until the next flush.
 - :meth:`Flusher.drain` (shutdown; the owner's thread, after :meth:`Flusher.stop`) flushes
   segment after segment without pausing; True once nothing is left, False when the
   deadline passes or ``abort`` is set first.
@@ -53,6 +60,7 @@ import duckdb
 from treellm.collector.journal import Journal, Segment
 from treellm.errors import IngestError, StoreBusyError, StoreError
 from treellm.store import FileReport, ingest_file
+from treellm.store.metrics import insert_point_lines
 
 __all__ = ["Flusher", "FlusherStats"]
 
@@ -74,6 +82,19 @@ class FlusherStats:
     failures: int
     rejected_segments: int
     last_flush_monotonic: float | None
+    points_stored: int = 0
+    point_duplicates: int = 0
+
+
+class _Lane:
+    """One journal and how its segments go into the store: ``load(path) -> (stored, duplicates)``."""
+
+    def __init__(self, journal: Journal, load: Callable[[Path], tuple[int, int]], noun: str) -> None:
+        self.journal = journal
+        self.load = load
+        self.noun = noun
+        self.stored = 0
+        self.duplicates = 0
 
 
 # DuckDB errors that depend on the data of a batch (a value out of range, a line it cannot read,
@@ -110,9 +131,11 @@ class Flusher:
         busy_retries: int = 2,
         ingest: IngestFn = ingest_file,
         clock: Callable[[], float] = time.monotonic,
+        metrics_journal: Journal | None = None,
     ) -> None:
         self.db = Path(db)
         self.journal = journal
+        self.metrics_journal = metrics_journal
         self.interval_s = interval_s
         self.busy_retries = busy_retries
         self._ingest = ingest
@@ -122,8 +145,8 @@ class Flusher:
         self._thread: threading.Thread | None = None
         self._flush_lock = threading.Lock()
         self._flushes = 0
-        self._spans = 0
-        self._duplicates = 0
+        self._spans = _Lane(journal, self._load_spans, "span(s)")
+        self._points = None if metrics_journal is None else _Lane(metrics_journal, self._load_points, "point(s)")
         self._busy = 0
         self._failures = 0
         self._rejected = 0
@@ -159,16 +182,25 @@ class Flusher:
             self._wake.wait(pause)
             self._wake.clear()
 
+    def _lanes(self) -> list[_Lane]:
+        return [self._spans] if self._points is None else [self._spans, self._points]
+
     def flush(self) -> Outcome:
-        """One transaction: the oldest closed segment, else the open one, cut now ("done" when none)."""
+        """One transaction per journal: its oldest closed segment, else its open one, cut now
+        ("done" when none; "busy" or "failed" when a journal's segment could not go in)."""
         with self._flush_lock:
-            closed = self.journal.closed_segments()
-            if not closed:
-                segment = self.journal.cut()
+            outcome: Outcome = "done"
+            for lane in self._lanes():
+                closed = lane.journal.closed_segments()
+                segment = closed[0] if closed else lane.journal.cut()
                 if segment is None:
-                    return "done"
-                closed = [segment]
-            return self._flush_segment(closed[0])
+                    continue
+                result = self._flush_segment(lane, segment)
+                if result == "busy":
+                    return "busy"  # the store is held: the next journal would wait for nothing
+                if result == "failed":
+                    outcome = "failed"
+            return outcome
 
     def drain(self, deadline: float, abort: threading.Event | None = None) -> bool:
         """Flush until the journal is empty (True), ``deadline`` (a ``clock`` time) passes or ``abort`` is set."""
@@ -176,7 +208,7 @@ class Flusher:
         while True:
             outcome = self.flush()
             if outcome == "done":
-                if not self.journal.closed_segments() and self.journal.cut() is None:
+                if all(not lane.journal.closed_segments() and lane.journal.cut() is None for lane in self._lanes()):
                     return True
                 continue
             left = deadline - self._clock()
@@ -186,10 +218,18 @@ class Flusher:
             waiter.wait(min(backoff, left))
             backoff = min(backoff * 2, _BACKOFF_MAX_S)
 
-    def _flush_segment(self, segment: Segment) -> Outcome:
+    def _load_spans(self, path: Path) -> tuple[int, int]:
+        report = self._ingest(self.db, path, "otlp-jsonl", retries=self.busy_retries)
+        return report.spans, report.duplicates
+
+    def _load_points(self, path: Path) -> tuple[int, int]:
+        report = insert_point_lines(self.db, path, retries=self.busy_retries)
+        return report.points, report.duplicates
+
+    def _flush_segment(self, lane: _Lane, segment: Segment) -> Outcome:
         started = self._clock()
         try:
-            report = self._ingest(self.db, segment.path, "otlp-jsonl", retries=self.busy_retries)
+            stored, duplicates = lane.load(segment.path)
         except StoreBusyError:
             self._busy += 1
             logger.debug("the store %s is busy; %s waits in the journal", self.db, segment.path.name)
@@ -199,7 +239,7 @@ class Flusher:
                 self._busy += 1
                 return "busy"
             if _refused_data(exc):
-                return self._reject(segment, exc)
+                return self._reject(lane.journal, segment, exc)
             self._failures += 1
             logger.error("could not flush %s into %s (kept, retried): %s", segment.path, self.db, exc)
             return "failed"
@@ -207,20 +247,20 @@ class Flusher:
             self._failures += 1
             logger.error("could not flush %s into %s (kept, retried): %s", segment.path, self.db, exc)
             return "failed"
-        self.journal.remove(segment)
+        lane.journal.remove(segment)
         self._flushes += 1
-        self._spans += report.spans
-        self._duplicates += report.duplicates
+        lane.stored += stored
+        lane.duplicates += duplicates
         self._last_flush = self._clock()
         logger.debug(
-            "flushed %s: %d span(s), %d duplicate(s) in %.3f s",
-            segment.path.name, report.spans, report.duplicates, self._last_flush - started,
+            "flushed %s: %d %s, %d duplicate(s) in %.3f s",
+            segment.path, stored, lane.noun, duplicates, self._last_flush - started,
         )  # fmt: skip
         return "done"
 
-    def _reject(self, segment: Segment, exc: StoreError) -> Outcome:
+    def _reject(self, journal: Journal, segment: Segment, exc: StoreError) -> Outcome:
         try:
-            halves = self.journal.split(segment)
+            halves = journal.split(segment)
         except OSError as error:
             self._failures += 1
             logger.error("could not split %s after the store refused it (%s): %s", segment.path, exc, error)
@@ -229,17 +269,19 @@ class Flusher:
             logger.warning("the store refused %s (%s); flushing its halves apart", segment.path.name, exc)
             return "done"
         self._rejected += 1
-        target = self.journal.quarantine(segment)
+        target = journal.quarantine(segment)
         logger.error("the store refuses a journaled line (%s); moved it to %s", exc, target)
         return "done"
 
     def stats(self) -> FlusherStats:
         return FlusherStats(
             flushes=self._flushes,
-            spans_stored=self._spans,
-            duplicates=self._duplicates,
+            spans_stored=self._spans.stored,
+            duplicates=self._spans.duplicates,
             busy=self._busy,
             failures=self._failures,
             rejected_segments=self._rejected,
             last_flush_monotonic=self._last_flush,
+            points_stored=self._points.stored if self._points is not None else 0,
+            point_duplicates=self._points.duplicates if self._points is not None else 0,
         )

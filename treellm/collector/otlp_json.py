@@ -2,7 +2,7 @@
 
 Contract of :func:`normalize_request`: it takes a parsed OTLP/JSON ``ExportTraceServiceRequest``
 and returns :class:`Normalized`: a ``TracesData`` object holding the spans the store can keep,
-each rebuilt field by field in the encoding :func:`~treellm.store.foreign.proto_to_traces_data`
+each rebuilt field by field in the encoding :func:`~treellm.store.formats.otlp_proto.proto_to_traces_data`
 writes (lowercase hex ids, 64-bit integers as decimal strings, ``AnyValue`` objects with one
 value, integer enums, dropped counts only when non-zero), so the ingester never meets a type it
 does not expect. The OTLP/JSON rules (https://opentelemetry.io/docs/specs/otlp/#json-protobuf-encoding):

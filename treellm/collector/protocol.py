@@ -6,9 +6,10 @@ Follows the OTLP specification, "OTLP/HTTP"
 
 - "The server MUST use the same Content-Type in the response as it received in the
   request": protobuf answers ``application/x-protobuf``, JSON ``application/json``.
-- Full success: ``200`` with an empty ``ExportTraceServiceResponse``; partial success:
-  ``200`` with ``partial_success`` holding ``rejected_spans`` and a human-readable
-  ``error_message``.
+- Full success: ``200`` with an empty ``ExportTraceServiceResponse`` (``/v1/traces``) or
+  ``ExportMetricsServiceResponse`` (``/v1/metrics``); partial success: ``200`` with
+  ``partial_success`` holding ``rejected_spans`` (``rejected_data_points``) and a
+  human-readable ``error_message``.
 - Failures: "The response body for all HTTP 4xx and HTTP 5xx responses MUST be a
   Protobuf-encoded Status message" (``google.rpc.Status``; JSON-encoded for JSON
   requests); a ``400`` for bad data carries a ``google.rpc.BadRequest`` in ``details``.
@@ -27,6 +28,10 @@ from typing import Final, Literal
 import orjson
 from google.protobuf.any_pb2 import Any as AnyMessage  # type: ignore[import-untyped]
 from google.rpc import code_pb2, error_details_pb2, status_pb2  # type: ignore[import-untyped]
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsPartialSuccess,
+    ExportMetricsServiceResponse,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTracePartialSuccess,
     ExportTraceServiceResponse,
@@ -39,6 +44,7 @@ __all__ = [
     "bearer_matches",
     "content_coding",
     "media_type",
+    "metrics_success_body",
     "request_encoding",
     "status_body",
     "success_body",
@@ -111,6 +117,19 @@ def success_body(encoding: Encoding, decoded: Decoded | None) -> bytes:
         return response
     # int64 is a decimal string in the protobuf JSON mapping
     return orjson.dumps({"partialSuccess": {"rejectedSpans": str(decoded.rejected), "errorMessage": message}})
+
+
+def metrics_success_body(encoding: Encoding, decoded: Decoded | None) -> bytes:
+    """An ``ExportMetricsServiceResponse``: empty on full success, ``partial_success`` with
+    ``rejected_data_points`` otherwise."""
+    if decoded is None or not decoded.rejected:
+        return b"" if encoding == "protobuf" else b"{}"
+    message = decoded.error_message()
+    if encoding == "protobuf":
+        partial = ExportMetricsPartialSuccess(rejected_data_points=decoded.rejected, error_message=message)
+        response: bytes = ExportMetricsServiceResponse(partial_success=partial).SerializeToString()
+        return response
+    return orjson.dumps({"partialSuccess": {"rejectedDataPoints": str(decoded.rejected), "errorMessage": message}})
 
 
 def status_body(encoding: Encoding | None, http_status: int, message: str, *, field: str | None = None) -> bytes:

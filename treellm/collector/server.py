@@ -2,8 +2,9 @@
 
 Contract:
 
-- :class:`Collector` owns one socket, one journal folder and three threads: uvicorn's
-  event loop, the journal writer and the flusher. :meth:`Collector.start` returns once
+- :class:`Collector` owns one socket, one journal folder (spans in it, metric points in its
+  ``metrics/`` folder, a journal of their own) and four threads: uvicorn's event loop, the
+  two journal writers and the flusher. :meth:`Collector.start` returns once
   it listens (``url`` then names the endpoint); :meth:`Collector.stop` stops accepting,
   lets requests under way finish, writes the journal's queue, drains the journal into the
   store and returns True when nothing is left in it. Both are called from one
@@ -14,6 +15,10 @@ Contract:
   before reading, the count checked while reading and while decompressing); 415 for
   another content type or coding; 429 / 503 with ``Retry-After`` over the journal's
   bounds or while stopping. ``GET /health`` answers 200 with the counters (no token).
+- ``POST /v1/metrics`` answers by the same rules (an ``ExportMetricsServiceResponse``,
+  ``rejected_data_points`` in a partial success): 200 only once the request's data points
+  are fsync'd in the metrics journal; the flusher inserts them into ``metric_points``
+  (:mod:`treellm.store.metrics`, which explains the design).
 - Bodies above 256 KiB are decoded on a worker thread so the event loop keeps serving.
 - :func:`serve` runs a collector until SIGTERM or SIGINT (a second signal stops waiting
   for a busy store) and returns the exit code: 0 once drained, 75 (EX_TEMPFAIL) when
@@ -44,7 +49,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from treellm.collector.config import DEFAULTS, CollectorConfig, journal_folder
-from treellm.collector.decode import Decoded, Encoding, decode_request, decompress
+from treellm.collector.decode import Decoded, Encoding, decode_metrics_request, decode_request, decompress
 from treellm.collector.errors import BadRequest, CollectorError, JournalError, Overloaded, PayloadTooLarge
 from treellm.collector.flusher import Flusher, FlusherStats
 from treellm.collector.journal import Journal, JournalStats
@@ -53,6 +58,7 @@ from treellm.collector.protocol import (
     bearer_matches,
     content_coding,
     media_type,
+    metrics_success_body,
     request_encoding,
     status_body,
     success_body,
@@ -72,6 +78,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 TRACES_PATH: Final = "/v1/traces"
+METRICS_PATH: Final = "/v1/metrics"
+METRICS_FOLDER: Final = "metrics"  # the metrics journal, inside the span journal's folder
 EXIT_DRAINED: Final = 0
 EXIT_SERVER_FAILED: Final = 1
 EXIT_JOURNAL_KEPT: Final = 75  # EX_TEMPFAIL: try again later
@@ -88,6 +96,9 @@ class CollectorStats:
     refused: int
     journal: JournalStats
     flusher: FlusherStats
+    accepted_points: int = 0
+    rejected_points: int = 0
+    metrics_journal: JournalStats | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,16 +127,16 @@ class Collector:
     def __init__(self, db: str | os.PathLike[str], config: CollectorConfig = DEFAULTS) -> None:
         self.db = Path(db)
         self.config = config
-        self.journal = Journal(
-            journal_folder(db, config),
-            max_segment_bytes=config.max_segment_bytes,
-            max_pending_bytes=config.max_pending_bytes,
-            max_journal_bytes=config.max_journal_bytes,
+        folder = journal_folder(db, config)
+        self.journal = self._journal(folder)
+        self.metrics_journal = self._journal(folder / METRICS_FOLDER)
+        self.flusher = Flusher(
+            self.db, self.journal, interval_s=config.flush_interval_s, metrics_journal=self.metrics_journal
         )
-        self.flusher = Flusher(self.db, self.journal, interval_s=config.flush_interval_s)
         self.app = Starlette(
             routes=[
                 Route(TRACES_PATH, self._traces, methods=["POST"]),
+                Route(METRICS_PATH, self._metrics, methods=["POST"]),
                 Route("/health", self._health, methods=["GET"]),
             ]
         )
@@ -138,8 +149,19 @@ class Collector:
         self._requests = 0
         self._accepted = 0
         self._rejected = 0
+        self._accepted_points = 0
+        self._rejected_points = 0
         self._refused = 0
         self.url = ""
+        self.metrics_url = ""
+
+    def _journal(self, folder: Path) -> Journal:
+        return Journal(
+            folder,
+            max_segment_bytes=self.config.max_segment_bytes,
+            max_pending_bytes=self.config.max_pending_bytes,
+            max_journal_bytes=self.config.max_journal_bytes,
+        )
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -150,6 +172,12 @@ class Collector:
         sock = _bind(self.config.host, self.config.port)
         try:
             recovered = self.journal.open()
+            try:
+                recovered += self.metrics_journal.open()
+            except BaseException:
+                self.journal.close()
+                self.journal.release()
+                raise
         except BaseException:
             sock.close()
             raise
@@ -160,6 +188,7 @@ class Collector:
         port = sock.getsockname()[1]
         host = self.config.host if ":" not in self.config.host else f"[{self.config.host}]"
         self.url = f"http://{host}:{port}{TRACES_PATH}"
+        self.metrics_url = f"http://{host}:{port}{METRICS_PATH}"
         config = uvicorn.Config(
             self.app, host=self.config.host, port=port, log_config=None, access_log=False, lifespan="off",
             ws="none", server_header=False, timeout_graceful_shutdown=_GRACEFUL_S,
@@ -203,15 +232,17 @@ class Collector:
         if self._socket is not None:
             self._socket.close()
         self.journal.close()
+        self.metrics_journal.close()
         self.flusher.stop()
         timeout = self.config.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
         drained = self.flusher.drain(time.monotonic() + timeout, abort)
         if not drained:
-            left = self.journal.stats().unflushed_bytes
+            left = self.journal.stats().unflushed_bytes + self.metrics_journal.stats().unflushed_bytes
             logger.warning(
-                "%d byte(s) of spans stay in the journal %s (the store %s is busy); they go into the store "
-                "when the collector starts again", left, self.journal.folder, self.db,
+                "%d byte(s) of spans and metric points stay in the journal %s (the store %s is busy); they go "
+                "into the store when the collector starts again", left, self.journal.folder, self.db,
             )  # fmt: skip
+        self.metrics_journal.release()  # first: the span journal's folder holds it
         self.journal.release()
         return drained
 
@@ -226,7 +257,15 @@ class Collector:
 
     def stats(self) -> CollectorStats:
         return CollectorStats(
-            self._requests, self._accepted, self._rejected, self._refused, self.journal.stats(), self.flusher.stats()
+            requests=self._requests,
+            accepted_spans=self._accepted,
+            rejected_spans=self._rejected,
+            refused=self._refused,
+            journal=self.journal.stats(),
+            flusher=self.flusher.stats(),
+            accepted_points=self._accepted_points,
+            rejected_points=self._rejected_points,
+            metrics_journal=self.metrics_journal.stats(),
         )
 
     # -- HTTP ------------------------------------------------------------------------------------------
@@ -253,6 +292,30 @@ class Collector:
         return JSONResponse({"status": "stopping" if self._stopping else "ok", **self.stats().to_json()})
 
     async def _traces(self, request: Request) -> Response:
+        return await self._receive(request, self.journal, decode_request, success_body, self._count_spans)
+
+    async def _metrics(self, request: Request) -> Response:
+        return await self._receive(request, self.metrics_journal, decode_metrics_request, metrics_success_body,
+                                   self._count_points)  # fmt: skip
+
+    def _count_spans(self, decoded: Decoded) -> None:
+        self._accepted += decoded.accepted
+        self._rejected += decoded.rejected
+
+    def _count_points(self, decoded: Decoded) -> None:
+        self._accepted_points += decoded.accepted
+        self._rejected_points += decoded.rejected
+
+    async def _receive(
+        self,
+        request: Request,
+        journal: Journal,
+        decode: Callable[[bytes, Encoding], Decoded],
+        success: Callable[[Encoding, Decoded | None], bytes],
+        count: Callable[[Decoded], None],
+    ) -> Response:
+        """One export request of either signal: ``decode`` the body into ``journal`` lines and
+        answer with ``success`` once they are fsync'd; ``count`` is told what was accepted."""
         self._requests += 1
         headers = request.headers
         encoding = request_encoding(headers.get("content-type"))
@@ -269,13 +332,13 @@ class Collector:
                                "send gzip, deflate or none")  # fmt: skip
         if self._stopping:
             return self._error(encoding, 503, "the collector is shutting down", headers=self._retry_after)
-        refusal = self.journal.admission()
+        refusal = journal.admission()
         if refusal is not None:
             return self._error(encoding, refusal.status, str(refusal), headers=self._retry_after)
         limit = self.config.max_body_bytes
         try:
             body = await self._read_body(request, limit)
-            decoded = await self._decode(body, coding, encoding, limit)
+            decoded = await self._decode(body, coding, encoding, limit, decode)
         except ClientDisconnect:  # the client gave up while sending: nobody to answer
             self._refused += 1
             return Response(status_code=400)
@@ -285,7 +348,7 @@ class Collector:
             return self._error(encoding, 400, exc.reason, field=exc.field)
         if decoded.lines:
             try:
-                future = self.journal.submit(b"".join(decoded.lines))
+                future = journal.submit(b"".join(decoded.lines))
             except Overloaded as exc:
                 return self._error(encoding, exc.status, str(exc), headers=self._retry_after)
             except JournalError as exc:
@@ -294,9 +357,8 @@ class Collector:
                 await asyncio.wrap_future(future)
             except JournalError as exc:
                 return self._error(encoding, 503, str(exc), headers=self._retry_after)
-        self._accepted += decoded.accepted
-        self._rejected += decoded.rejected
-        return Response(success_body(encoding, decoded), status_code=200, media_type=media_type(encoding))
+        count(decoded)
+        return Response(success(encoding, decoded), status_code=200, media_type=media_type(encoding))
 
     @staticmethod
     async def _read_body(request: Request, limit: int) -> bytes:
@@ -316,9 +378,11 @@ class Collector:
         return b"".join(chunks)
 
     @staticmethod
-    async def _decode(body: bytes, coding: ContentCoding, encoding: Encoding, limit: int) -> Decoded:
+    async def _decode(
+        body: bytes, coding: ContentCoding, encoding: Encoding, limit: int, decode: Callable[[bytes, Encoding], Decoded]
+    ) -> Decoded:
         def work() -> Decoded:
-            return decode_request(decompress(body, coding, limit), encoding)
+            return decode(decompress(body, coding, limit), encoding)
 
         if len(body) > _THREAD_DECODE_BYTES or coding != "identity":
             return await run_in_threadpool(work)

@@ -4,7 +4,7 @@ Contract:
 
 - Every format becomes OTLP/JSON ``TracesData`` lines; DuckDB flattens them in SQL
   (:mod:`treellm.store.transform`). OTLP JSON lines are read in place; the other
-  formats (:mod:`treellm.store.foreign`) are converted to a temporary JSONL file first.
+  formats (:mod:`treellm.store.formats`) are converted to a temporary JSONL file first.
 - Each file is one transaction: a bad file leaves nothing behind and raises
   :class:`~treellm.errors.IngestError` naming the file, the line (or record) and the
   reason; with ``skip_bad=True`` the good records are kept and each bad one reported.
@@ -39,6 +39,7 @@ from treellm.exporters.jsonl import end_of_last_line
 from treellm.otlp import json_line
 from treellm.signature import RawArguments, canonical_json, parse_arguments, signature
 from treellm.store.connection import open_store
+from treellm.store.formats import InputFormat, detect_format, iter_records
 from treellm.store.schema import SPAN_COLUMNS
 from treellm.store.transform import MACROS, READ_COLUMNS, VALIDATE_SQL, stage_sql
 from treellm.store.trees import SpanFacts, place_traces
@@ -46,7 +47,7 @@ from treellm.telemetry import conventions
 
 __all__ = ["BadRecord", "FileReport", "IngestReport", "InputFormatChoice", "ingest", "ingest_file"]
 
-InputFormatChoice = Literal["auto", "otlp-jsonl", "otlp-json", "otlp-proto", "sdk-json", "trajectory"]
+InputFormatChoice = Literal["auto", InputFormat]  # the names of treellm.store.formats.FORMATS
 MAX_LINE_BYTES = 64 * 1024 * 1024
 MEMORY_LIMIT = os.environ.get("TREELLM_INGEST_MEMORY_LIMIT", "1GB")
 _HEX = frozenset("0123456789abcdefABCDEF")
@@ -336,7 +337,7 @@ def _finish_foreign(con: duckdb.DuckDBPyConnection, internal: frozenset[str] | N
     con.register("foreign_traces", pd.DataFrame({"trace_id": traces}))
     rows = con.execute(
         "SELECT trace_id, span_id, parent_span_id, start_ns, end_ns, operation, tool_name, arguments, "
-        "       coalesce(internal, false), agent_name, orphan_parent IS NOT NULL "
+        "       coalesce(internal, false), agent_name, orphan_parent IS NOT NULL AND parent_span_id IS NULL "
         "FROM spans JOIN foreign_traces USING (trace_id)"
     ).fetchall()
     foreign = {
@@ -370,7 +371,8 @@ def _finish_foreign(con: duckdb.DuckDBPyConnection, internal: frozenset[str] | N
     con.execute(
         "UPDATE spans SET run_id = u.run_id, node_kind = u.node_kind, node_parent_id = u.node_parent_id, "
         "node_depth = u.node_depth, ordinal = u.ordinal, earlier_node_ids = u.earlier_node_ids, "
-        "orphan_parent = CASE WHEN u.orphan THEN coalesce(spans.orphan_parent, spans.parent_span_id, '') END "
+        "orphan_parent = CASE WHEN u.orphan THEN coalesce(spans.orphan_parent, spans.parent_span_id, '') "
+        "                     WHEN spans.parent_span_id IS NULL THEN spans.orphan_parent END "
         "FROM run_updates u WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id"
     )
     con.unregister("run_updates")
@@ -571,8 +573,6 @@ def ingest_file(
     if source.stat().st_size == 0:
         return FileReport(display, input_format, 0, 0, 0, 0, empty=True)
     if input_format == "auto":
-        from treellm.store.foreign import detect_format
-
         fmt: str = detect_format(source)
     else:
         fmt = input_format
@@ -596,17 +596,15 @@ def ingest_file(
                 copy_without_torn_tail(source, jsonl)
                 skipped = 1
         else:
-            from treellm.store.foreign import iter_traces_data
-
             jsonl = folder / "converted.jsonl"
             with jsonl.open("wb") as out:
-                try:
-                    for _, doc in iter_traces_data(source, fmt):
-                        out.write(json_line(doc))
-                except IngestError as exc:
-                    if not skip_bad:
-                        raise
-                    bad.append(BadRecord(display, exc.line, exc.record, exc.reason))
+                for record in iter_records(source, fmt):
+                    if isinstance(record, IngestError):
+                        if not skip_bad:
+                            raise record
+                        bad.append(BadRecord(display, record.line, record.record, record.reason))
+                    else:
+                        out.write(json_line(record.traces_data))
         if jsonl.stat().st_size == 0:
             return FileReport(display, fmt, 0, 0, 0, skipped, empty=not bad and not skipped, bad=tuple(bad))
         spans, runs, duplicates = _load_jsonl(Path(db), jsonl, display=display, retries=retries)

@@ -57,6 +57,7 @@ CREATE OR REPLACE TEMP MACRO treellm_object(text) AS CASE WHEN starts_with(text,
     ELSE text END;
 """
 
+
 def _coalesce(keys: tuple[str, ...] | list[str]) -> str:
     return "coalesce(" + ", ".join(f"a['{k}']" for k in keys) + ")"
 

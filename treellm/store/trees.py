@@ -88,6 +88,59 @@ def _order(span: SpanFacts) -> tuple[int, int, str]:
     return (span.start_ns, -span.end_ns, span.span_id)
 
 
+def _run_roots(
+    spans: Sequence[SpanFacts], chains: dict[str, list[SpanFacts]], orphan: dict[str, bool]
+) -> list[SpanFacts]:
+    """Outermost agent spans; floating ones (a missing parent above them) only when no anchored
+    one exists, and then only the first; with no agent span, the trace root."""
+    outermost = [s for s in spans if s.role == "agent" and all(a.role != "agent" for a in chains[s.span_id][1:])]
+    anchored = sorted((s for s in outermost if not orphan[s.span_id]), key=_order)
+    roots = anchored or sorted(outermost, key=_order)[:1]
+    if roots:
+        return roots
+    tops = {chains[s.span_id][-1].span_id: chains[s.span_id][-1] for s in spans}
+    true_tops = sorted((t for t in tops.values() if not orphan[t.span_id]), key=_order)
+    return true_tops[:1] or sorted(tops.values(), key=_order)[:1]
+
+
+def _scope_of(chain: Sequence[SpanFacts], root: SpanFacts) -> str:
+    """The span that starts the path of the first span of ``chain``: the run root or a sub-agent."""
+    for index, ancestor in enumerate(chain):
+        if ancestor.span_id == root.span_id:
+            return root.span_id
+        if ancestor.role == "agent" and ancestor.agent_name:
+            enclosing = next((a for a in chain[index + 1 :] if a.role == "agent"), None)
+            if enclosing is None or (enclosing.agent_name or "") != ancestor.agent_name:
+                return ancestor.span_id
+    return root.span_id
+
+
+_Node = tuple[NodeKind, str | None, int, int | None, tuple[str, ...]]
+
+
+def _place_path(members: Sequence[SpanFacts], base_parent: str | None) -> dict[str, _Node]:
+    """Think and tool nodes of one path in time order (see the module docstring)."""
+    placed: dict[str, _Node] = {}
+    think: str | None = None
+    depth = 0
+    earlier: dict[str, list[str]] = {}
+    for span in sorted(members, key=_order):
+        parent = think if think is not None else base_parent
+        if span.role == "llm":
+            depth = 0 if think is None else depth + 1
+            placed[span.span_id] = ("think", parent, depth, None, ())
+            think = span.span_id
+            continue
+        ordinal: int | None = None
+        before: tuple[str, ...] = ()
+        if span.call_key is not None:
+            same = earlier.setdefault(span.call_key, [])
+            ordinal, before = len(same) + 1, tuple(same)
+            same.append(span.span_id)
+        placed[span.span_id] = ("tool", parent, depth if think is not None else 0, ordinal, before)
+    return placed
+
+
 def place_trace(spans: Sequence[SpanFacts]) -> list[Placement]:
     """The run, node and ordinal of every span of one trace (see the module docstring)."""
     if not spans:
@@ -95,95 +148,44 @@ def place_trace(spans: Sequence[SpanFacts]) -> list[Placement]:
     by_id = {s.span_id: s for s in spans}
     chains = {s.span_id: _chain(s, by_id) for s in spans}
     orphan = {s.span_id: not _anchored(chains[s.span_id]) for s in spans}
-
-    # Run roots: outermost agent spans; floating ones (above them a missing parent) only
-    # when no anchored one exists, and then only the first.
-    outermost = [s for s in spans if s.role == "agent" and all(a.role != "agent" for a in chains[s.span_id][1:])]
-    anchored = sorted((s for s in outermost if not orphan[s.span_id]), key=_order)
-    roots = anchored or sorted(outermost, key=_order)[:1]
-    if not roots:
-        tops = [chains[s.span_id][-1] for s in spans]
-        true_tops = sorted({t.span_id: t for t in tops if not orphan[t.span_id]}.values(), key=_order)
-        roots = true_tops[:1] or sorted({t.span_id: t for t in tops}.values(), key=_order)[:1]
+    roots = _run_roots(spans, chains, orphan)
     root_ids = {r.span_id for r in roots}
 
     def run_of(span: SpanFacts) -> SpanFacts:
         for ancestor in chains[span.span_id]:
             if ancestor.span_id in root_ids:
                 return ancestor
-        for root in roots:
-            if root.start_ns <= span.start_ns <= root.end_ns:
-                return root
-        return roots[0]
+        return next((r for r in roots if r.start_ns <= span.start_ns <= r.end_ns), roots[0])
 
     run = {s.span_id: run_of(s) for s in spans}
-
-    # Path scopes: the run root, or a sub-agent (an agent span naming another agent).
-    def scope_of(span: SpanFacts) -> str:
-        root = run[span.span_id]
-        chain = chains[span.span_id]
-        for index, ancestor in enumerate(chain):
-            if ancestor.span_id == root.span_id:
-                return root.span_id
-            if ancestor.role == "agent" and ancestor.agent_name:
-                enclosing = next((a for a in chain[index + 1 :] if a.role == "agent"), None)
-                if enclosing is None or (enclosing.agent_name or "") != ancestor.agent_name:
-                    return ancestor.span_id
-        return root.span_id
-
-    scopes: dict[str, list[SpanFacts]] = {}
+    paths: dict[str, list[SpanFacts]] = {}
     for span in spans:
         if span.role in ("llm", "tool") and span.span_id not in root_ids:
-            scopes.setdefault(scope_of(span), []).append(span)
+            paths.setdefault(_scope_of(chains[span.span_id], run[span.span_id]), []).append(span)
 
-    placed: dict[str, tuple[NodeKind | None, str | None, int | None, int | None, tuple[str, ...]]] = {}
-    scope_start: dict[str, str | None] = {}
-    for scope_id in sorted(scopes, key=lambda sid: _order(by_id[sid]) if sid in by_id else (0, 0, sid)):
-        members = sorted(scopes[scope_id], key=_order)
-        think: SpanFacts | None = None
-        depth = 0
-        base_parent = scope_start.get(scope_id)
-        earlier: dict[str, list[str]] = {}
-        for span in members:
-            if span.role == "llm":
-                parent = think.span_id if think is not None else base_parent
-                depth = 0 if think is None else depth + 1
-                placed[span.span_id] = ("think", parent, depth, None, ())
-                think = span
-            else:
-                parent = think.span_id if think is not None else base_parent
-                ordinal: int | None = None
-                before: tuple[str, ...] = ()
-                if span.call_key is not None:
-                    same = earlier.setdefault(span.call_key, [])
-                    ordinal = len(same) + 1
-                    before = tuple(same)
-                    same.append(span.span_id)
-                placed[span.span_id] = ("tool", parent, depth if think is not None else 0, ordinal, before)
-            # a sub-agent starting under this node hangs from it
-            for sub in scopes:
-                if sub not in scope_start and sub in by_id and by_id[sub].start_ns >= span.start_ns:
-                    pass
-        for sub in scopes:
-            if sub != scope_id and sub not in scope_start and sub in by_id:
-                current = [m for m in members if m.start_ns <= by_id[sub].start_ns]
-                if current:
-                    scope_start[sub] = current[-1].span_id
+    placed: dict[str, _Node] = {}
+    ordered = sorted(paths, key=lambda sid: _order(by_id[sid]))
+    for scope in ordered:
+        base_parent = None
+        if scope not in root_ids:  # a sub-agent hangs from the node current when it started
+            started = by_id[scope].start_ns
+            current = [s for s in placed if by_id[s].start_ns <= started]
+            base_parent = max(current, key=lambda s: _order(by_id[s])) if current else None
+        placed.update(_place_path(paths[scope], base_parent))
 
     out: list[Placement] = []
     for span in spans:
-        kind, parent, depth_, ordinal_, before_ = placed.get(span.span_id, (None, None, None, None, ()))
-        root = run[span.span_id]
+        kind, parent, depth, ordinal, earlier = placed.get(span.span_id, (None, None, None, None, ()))
         out.append(
             Placement(
                 trace_id=span.trace_id,
                 span_id=span.span_id,
-                run_id=f"{span.trace_id}:{root.span_id}",
+                run_id=f"{span.trace_id}:{run[span.span_id].span_id}",
                 node_kind=kind,
                 node_parent_id=parent,
-                depth=depth_,
-                ordinal=ordinal_,
-                earlier=before_,
+                depth=depth,
+                ordinal=ordinal,
+                earlier=earlier,
                 orphan=orphan[span.span_id] and span.span_id not in root_ids,
             )
         )

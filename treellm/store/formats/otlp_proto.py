@@ -1,0 +1,281 @@
+"""``otlp-proto``: OTLP protobuf, bare or in the Collector file exporter's length-prefixed frames.
+
+One serialized ``TracesData`` (``ExportTraceServiceRequest`` has the same wire layout:
+field 1 = ``resource_spans``), or the OpenTelemetry Collector file exporter's ``format:
+proto``, which frames every message with its length. Its README
+(https://github.com/open-telemetry/opentelemetry-collector-contrib/blob/main/exporter/fileexporter/README.md,
+"File Format") says: "each encoded object is preceded by 4 bytes (an unsigned 32 bit
+integer) which represent the number of bytes contained in the encoded object", and its
+``file_writer.go`` writes that length with ``binary.BigEndian.PutUint32``. Framing is
+decided per file: when the 4-byte big-endian prefixes tile the data and the first frame
+parses, the file is framed (a truncated last frame is reported by its index); otherwise it
+is one message. Each message is one record. Ids become hex (not protobuf JSON's base64),
+``bytesValue`` base64, enums integers.
+
+Detection comes after every JSON reading (a bare message starts with 0x0a, which a JSON
+sniffer skips as whitespace): the file starts with a bare ``TracesData`` whose first
+``ResourceSpans`` parses, or with a length prefix whose frame parses as a ``TracesData``.
+The first message is read whole, however long. A corrupt message ends the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, Final
+
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
+from google.protobuf.unknown_fields import UnknownFieldSet  # type: ignore[import-untyped]
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, TracesData
+
+from treellm.errors import IngestError
+from treellm.otlp import any_value
+from treellm.store.formats._base import JsonObject, Malformed, Record, with_schema
+from treellm.store.formats._sniff import NeedBytes, Sample, Verdict
+
+NAME: Final = "otlp-proto"
+WHAT: Final = (
+    "OTLP protobuf `TracesData` / `ExportTraceServiceRequest`, also the Collector file exporter's "
+    "length-prefixed proto format"
+)
+MAPPING: Final = "converted to OTLP/JSON"
+
+
+def sniff(sample: Sample) -> Verdict:
+    """A bare message whose first ``ResourceSpans`` parses, or a first frame that parses."""
+    if not sample.final:
+        return False
+    head, size = sample.head, sample.size
+    if head[:1] == b"\x0a":  # field 1 (resource_spans), wire type 2: a bare message
+        length, used = _varint(head[:16], 1)
+        if length is not None and 1 + used + length <= size:
+            if len(head) < 1 + used + length:
+                return NeedBytes(1 + used + length)
+            try:
+                ResourceSpans.FromString(head[1 + used : 1 + used + length])
+            except DecodeError:
+                pass
+            else:
+                return True
+    if len(head) >= 4:
+        length = int.from_bytes(head[:4], "big")
+        if 4 + length <= size:
+            if len(head) < 4 + length:
+                return NeedBytes(4 + length)
+            return _parse_traces_data(head[4 : 4 + length])[0] is not None
+    return False
+
+
+def convert(data: bytes, *, path: str) -> Iterator[Record | IngestError]:
+    """Each message of ``data`` as a record; a corrupt one is the last item."""
+    try:
+        for index, doc in enumerate(proto_to_traces_data(data, path=path)):
+            yield Record(index, doc)
+    except IngestError as exc:
+        yield exc
+
+
+def proto_to_traces_data(data: bytes, *, path: str) -> Iterator[dict[str, Any]]:
+    """OTLP/JSON ``TracesData`` for each protobuf message in ``data``, in order.
+
+    ``data`` is one serialized ``TracesData`` / ``ExportTraceServiceRequest`` or the
+    Collector file exporter's 4-byte big-endian length-prefixed messages (see the module
+    docstring). A truncated or corrupt message raises :class:`IngestError` with its index
+    as ``record``, after the messages before it were yielded.
+    """
+    for index, message in _proto_messages(data, path=path):
+        try:
+            yield _traces_data_json(message)
+        except Malformed as exc:
+            raise IngestError(str(exc), path=path, record=index) from None
+
+
+def _parse_traces_data(payload: bytes) -> tuple[Any, str]:
+    """(message, "") or (None, why the payload is not a ``TracesData``)."""
+    try:
+        message = TracesData.FromString(payload)
+    except DecodeError as exc:
+        return None, f"truncated or corrupt protobuf: {exc}"
+    unknown = sorted({field.field_number for field in UnknownFieldSet(message)})
+    if unknown:
+        return None, f"not an OTLP TracesData message (unknown top-level field {unknown[0]})"
+    return message, ""
+
+
+def _frames(data: bytes) -> tuple[list[tuple[int, int]], tuple[int, str] | None]:
+    """(start, end) of each 4-byte-length-prefixed frame, and (index, reason) where framing breaks."""
+    frames: list[tuple[int, int]] = []
+    pos = 0
+    while pos < len(data):
+        left = len(data) - pos
+        if left < 4:
+            return frames, (
+                len(frames),
+                f"{left} stray byte(s) after the last message, too few for a length prefix",
+            )
+        length = int.from_bytes(data[pos : pos + 4], "big")
+        if length > left - 4:
+            return frames, (
+                len(frames),
+                f"truncated: the length prefix says {length} bytes, {left - 4} remain",
+            )
+        frames.append((pos + 4, pos + 4 + length))
+        pos += 4 + length
+    return frames, None
+
+
+def _proto_messages(data: bytes, *, path: str) -> Iterator[tuple[int, Any]]:
+    if not data:
+        return
+    frames, broken = _frames(data)
+    first = _parse_traces_data(data[frames[0][0] : frames[0][1]])[0] if frames else None
+    single: Any = None
+    if first is None or broken is not None:
+        single, reason = _parse_traces_data(data)
+        if single is not None:
+            yield 0, single
+            return
+        if first is None:
+            raise IngestError(reason, path=path, record=0)
+    for index, (start, end) in enumerate(frames):
+        message, reason = (first, "") if index == 0 else _parse_traces_data(data[start:end])
+        if message is None:
+            raise IngestError(reason, path=path, record=index)
+        yield index, message
+    if broken is not None:
+        raise IngestError(broken[1], path=path, record=broken[0])
+
+
+def _hex_id(value: bytes, size: int, what: str) -> str:
+    if len(value) != size:
+        raise Malformed(f"{what} has {len(value)} bytes, expected {size}")
+    if not any(value):
+        raise Malformed(f"{what} is all zero")
+    return value.hex()
+
+
+def _proto_any(value: Any) -> JsonObject:
+    which = value.WhichOneof("value")
+    if which == "string_value":
+        return {"stringValue": value.string_value}
+    if which == "bool_value":
+        return {"boolValue": value.bool_value}
+    if which == "int_value":
+        return {"intValue": str(value.int_value)}
+    if which == "double_value":
+        return any_value(float(value.double_value))
+    if which == "array_value":
+        return {"arrayValue": {"values": [_proto_any(v) for v in value.array_value.values]}}
+    if which == "kvlist_value":
+        return {"kvlistValue": {"values": _proto_attributes(value.kvlist_value.values)}}
+    if which == "bytes_value":
+        return any_value(bytes(value.bytes_value))
+    return {}  # unset, or a string-table index (meaningful only in profiles)
+
+
+def _proto_attributes(values: Sequence[Any]) -> list[JsonObject]:
+    return [{"key": kv.key, "value": _proto_any(kv.value)} for kv in values]
+
+
+def _with_dropped(out: JsonObject, key: str, count: int) -> JsonObject:
+    if count:
+        out[key] = count
+    return out
+
+
+def _proto_span(span: Any, where: str) -> JsonObject:
+    out: JsonObject = {
+        "traceId": _hex_id(span.trace_id, 16, f"{where}.traceId"),
+        "spanId": _hex_id(span.span_id, 8, f"{where}.spanId"),
+    }
+    if span.trace_state:
+        out["traceState"] = span.trace_state
+    if span.parent_span_id and any(span.parent_span_id):
+        out["parentSpanId"] = _hex_id(span.parent_span_id, 8, f"{where}.parentSpanId")
+    out["flags"] = span.flags
+    out["name"] = span.name
+    out["kind"] = span.kind
+    out["startTimeUnixNano"] = str(span.start_time_unix_nano)
+    out["endTimeUnixNano"] = str(span.end_time_unix_nano)
+    out["attributes"] = _proto_attributes(span.attributes)
+    _with_dropped(out, "droppedAttributesCount", span.dropped_attributes_count)
+    out["events"] = [
+        _with_dropped(
+            {
+                "timeUnixNano": str(e.time_unix_nano),
+                "name": e.name,
+                "attributes": _proto_attributes(e.attributes),
+            },
+            "droppedAttributesCount",
+            e.dropped_attributes_count,
+        )
+        for e in span.events
+    ]
+    _with_dropped(out, "droppedEventsCount", span.dropped_events_count)
+    out["links"] = [_proto_link(link, f"{where}.links[{i}]") for i, link in enumerate(span.links)]
+    _with_dropped(out, "droppedLinksCount", span.dropped_links_count)
+    status: JsonObject = {"code": span.status.code}
+    if span.status.message:
+        status["message"] = span.status.message
+    out["status"] = status
+    return out
+
+
+def _proto_link(link: Any, where: str) -> JsonObject:
+    out: JsonObject = {
+        "traceId": _hex_id(link.trace_id, 16, f"{where}.traceId"),
+        "spanId": _hex_id(link.span_id, 8, f"{where}.spanId"),
+        "attributes": _proto_attributes(link.attributes),
+        "flags": link.flags,
+    }
+    if link.trace_state:
+        out["traceState"] = link.trace_state
+    return _with_dropped(out, "droppedAttributesCount", link.dropped_attributes_count)
+
+
+def _proto_scope(scope_spans: Any) -> JsonObject:
+    if not scope_spans.HasField("scope"):
+        return {}
+    scope = scope_spans.scope
+    out: JsonObject = {"name": scope.name}
+    if scope.version:
+        out["version"] = scope.version
+    if scope.attributes:
+        out["attributes"] = _proto_attributes(scope.attributes)
+    return _with_dropped(out, "droppedAttributesCount", scope.dropped_attributes_count)
+
+
+def _traces_data_json(message: Any) -> JsonObject:
+    resource_spans = []
+    for r, rs in enumerate(message.resource_spans):
+        resource = _with_dropped(
+            {"attributes": _proto_attributes(rs.resource.attributes)},
+            "droppedAttributesCount",
+            rs.resource.dropped_attributes_count,
+        )
+        scope_spans = [
+            with_schema(
+                {
+                    "scope": _proto_scope(ss),
+                    "spans": [
+                        _proto_span(span, f"resourceSpans[{r}].scopeSpans[{s}].spans[{i}]")
+                        for i, span in enumerate(ss.spans)
+                    ],
+                },
+                ss.schema_url,
+            )
+            for s, ss in enumerate(rs.scope_spans)
+        ]
+        resource_spans.append(with_schema({"resource": resource, "scopeSpans": scope_spans}, rs.schema_url))
+    return {"resourceSpans": resource_spans}
+
+
+def _varint(data: bytes, pos: int) -> tuple[int | None, int]:
+    value = shift = used = 0
+    while pos + used < len(data) and used < 10:
+        byte = data[pos + used]
+        value |= (byte & 0x7F) << shift
+        used += 1
+        if not byte & 0x80:
+            return value, used
+        shift += 7
+    return None, used
