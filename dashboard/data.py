@@ -234,3 +234,16 @@ def shapes_grouped(shapes: pd.DataFrame, by: str) -> pd.DataFrame:
 def prepend(first: pd.DataFrame, rest: pd.DataFrame) -> pd.DataFrame:
     """``first``'s rows, then ``rest``'s (for a deep-linked run outside the listed ones)."""
     return pd.concat([first, rest], ignore_index=True)
+
+
+LINK_COLUMNS = {"link": st.column_config.LinkColumn("open", display_text="open in the run explorer")}
+"""Column settings for tables whose rows link to a call in the run explorer."""
+
+
+def with_links(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with a ``link`` column first: the run explorer at the row's run and node
+    (a relative URL, so it works under any host); ids are quoted, never markup."""
+    from urllib.parse import urlencode
+
+    links = [f"run?{urlencode({'run': r, 'node': n})}" for r, n in zip(frame["run_id"], frame["node_id"], strict=True)]
+    return frame.assign(link=links)[["link", *frame.columns]]

@@ -113,7 +113,7 @@ def test_overview_shows_the_key_numbers(sample_store: Path, monkeypatch: pytest.
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Runs"] == "309" and metrics["Pruned calls"] == "233"
     con = open_store(sample_store, read_only=True)
-    calls = con.execute("SELECT count(*) FROM tool_calls").fetchone()
+    calls = con.execute("SELECT count(*) FROM tool_calls WHERE NOT internal").fetchone()
     con.close()
     assert calls is not None and metrics["Tool calls (executed)"] == f"{calls[0]:,}"
     verdicts = at.dataframe[0].value

@@ -6,10 +6,11 @@ no provider is installed, no file is opened.
 
 from treellm._version import __version__
 from treellm.agent import TreeExecutor
-from treellm.config import ToolLimits, TreeConfig
+from treellm.config import ArgumentPattern, ToolLimits, TreeConfig
 from treellm.engine.events import Chunk, ChunkType, Event, EventType, RunStats
 from treellm.engine.executor import BranchAnswer, RunResult
 from treellm.engine.nodes import CollapseNode, NodeKind, NodeStatus, PrunedCall, ThinkNode, ToolNode
+from treellm.engine.repeats import ToolRule
 from treellm.engine.tools import Skill, Tool
 from treellm.errors import (
     ConfigError,
@@ -31,6 +32,7 @@ from treellm.setup import configure
 from treellm.signature import RawArguments, canonical_json, parse_arguments, signature, stable_hash
 
 __all__ = [
+    "ArgumentPattern",
     "BranchAnswer",
     "CallKey",
     "ChatModel",
@@ -68,6 +70,7 @@ __all__ = [
     "ToolDefinitionError",
     "ToolLimits",
     "ToolNode",
+    "ToolRule",
     "TreeConfig",
     "TreeExecutor",
     "TreeLLMError",

@@ -293,7 +293,7 @@ def _print_report(data: dict[str, Any]) -> None:
 
     table = Table(title=f"{data['runs']} runs, {data['tool_calls']} tool calls, {data['pruned']} pruned")
     columns = ["tool", "calls", "pruned", "prune_rate", "exact_repeats", "productive_repeats", "wasted_repeats",
-               "near_repeats"]  # fmt: skip
+               "unknown_repeats", "near_repeats"]  # fmt: skip
     for column in columns:
         table.add_column(column.replace("_", " "), justify="left" if column == "tool" else "right", no_wrap=True)
     for item in data["tools"]:
@@ -307,12 +307,25 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     con = _reader(args)
     try:
         if args.format == "toml":
-            frame = tuning_by_tool(con, _filters(args), tolerance=args.tolerance, min_samples=args.min_samples)
+            frame = tuning_by_tool(
+                con,
+                _filters(args),
+                tolerance=args.tolerance,
+                min_samples=args.min_samples,
+                min_productive=args.min_productive,
+            )
             print(limits_toml(frame), end="")
             return 0
         from treellm.analysis.report import tune
 
-        print(json.dumps(tune(con, _filters(args), tolerance=args.tolerance, min_samples=args.min_samples)))
+        data = tune(
+            con,
+            _filters(args),
+            tolerance=args.tolerance,
+            min_samples=args.min_samples,
+            min_productive=args.min_productive,
+        )
+        print(json.dumps(data))
     finally:
         con.close()
     return 0
@@ -446,6 +459,12 @@ def _add_data_commands(sub: Any) -> None:
     tune.add_argument("--format", choices=["json", "toml"], default="json", help="output (default %(default)s)")
     tune.add_argument("--tolerance", type=float, default=0.05, help="acceptable loss (default %(default)s)")
     tune.add_argument("--min-samples", type=int, default=10, help="repeats needed for a verdict (default %(default)s)")
+    tune.add_argument(
+        "--min-productive",
+        type=int,
+        default=5,
+        help="productive repeats needed to advise a raise (default %(default)s: fewer is chance, not a pattern)",
+    )
     tune.set_defaults(func=_cmd_tune)
 
 

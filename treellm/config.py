@@ -19,12 +19,24 @@ The limits file is the TOML that ``treellm tune`` writes::
     [tools.fetch_url]          # one table per tool, every key optional
     max_repeats = 3
     on_repeat = "nudge"        # prune | nudge | cache
-    mutates = false
+    mutates = false            # true: every successful call changes state
+    mutates_when = {argument = "method", matches = "^(POST|PUT|DELETE)$"}
+    error_when = ['^HTTP 5']   # regexes on the result text (replace the defaults)
+
+    [tools.bash]
+    classifier = "shell"       # shell | none (the default: shell for treellm.shell's shell tools)
+
+``mutates_when`` is one ``{argument, matches}`` table or a list of them: a
+successful call whose argument ``argument`` (its text; other values as JSON;
+no ``argument``: the whole canonical arguments) matches the regex ``matches``
+(``re.search``) changes state. What a state change and a failed call mean, and
+the default ``error_when``, are in ``treellm.engine.repeats``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,10 +45,12 @@ from typing import Any, Literal, get_args
 
 from treellm.errors import ConfigError
 
-__all__ = ["Branching", "RepeatAction", "ToolLimits", "TreeConfig"]
+__all__ = ["ArgumentPattern", "Branching", "Classifier", "RepeatAction", "ToolLimits", "TreeConfig"]
 
 RepeatAction = Literal["prune", "nudge", "cache"]
 Branching = Literal["collapse", "fork"]
+Classifier = Literal["shell", "none"]
+"""How a tool's arguments say whether a call writes: ``shell`` reads the command; ``none`` turns that off."""
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an agent that solves the user's task with the tools offered. "
@@ -54,6 +68,55 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_regex(value: object) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        re.compile(value)
+    except re.error:
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class ArgumentPattern:
+    """A call writes when its argument ``argument`` matches the regex ``matches`` (``re.search``).
+
+    The argument's text is matched (a value that is not a string: its canonical
+    JSON); ``argument=None`` matches the whole canonical arguments text. A call
+    without the argument does not match. Invalid values raise ``ConfigError``.
+    """
+
+    argument: str | None
+    matches: str
+
+    def __post_init__(self) -> None:
+        self.validate("mutates_when")
+
+    def validate(self, setting: str, path: str | None = None) -> None:
+        ok = self.argument is None or (isinstance(self.argument, str) and self.argument != "")
+        _expect(f"{setting}.argument", ok, "an argument name", self.argument, path)
+        _expect(f"{setting}.matches", _is_regex(self.matches), "a regular expression", self.matches, path)
+
+    @classmethod
+    def from_mapping(cls, data: object, setting: str, path: str | None = None) -> ArgumentPattern:
+        _expect(setting, isinstance(data, Mapping), "a table {argument = ..., matches = ...}", data, path)
+        assert isinstance(data, Mapping)
+        for key in data:
+            _expect(f"{setting}.{key}", key in ("argument", "matches"), "argument or matches", key, path)
+        argument, matches = data.get("argument"), data.get("matches")
+        ok = argument is None or (isinstance(argument, str) and argument != "")
+        _expect(f"{setting}.argument", ok, "an argument name", argument, path)
+        _expect(f"{setting}.matches", _is_regex(matches), "a regular expression", matches, path)
+        return cls(argument, str(matches))
+
+
+def _patterns(value: object, setting: str, path: str | None) -> tuple[ArgumentPattern, ...]:
+    if not isinstance(value, list | tuple):
+        return (ArgumentPattern.from_mapping(value, setting, path),)
+    return tuple(ArgumentPattern.from_mapping(item, f"{setting}[{i}]", path) for i, item in enumerate(value))
+
+
 @dataclass(frozen=True, slots=True)
 class ToolLimits:
     """Settings for one tool read from a limits file; ``None`` means "not set there"."""
@@ -61,13 +124,30 @@ class ToolLimits:
     max_repeats: int | None = None
     on_repeat: RepeatAction | None = None
     mutates: bool | None = None
+    mutates_when: tuple[ArgumentPattern, ...] | None = None
+    """Argument patterns that make a call a state change (any one matching)."""
+    classifier: Classifier | None = None
+    error_when: tuple[str, ...] | None = None
+    """Regexes on the result text that mark a call failed; they replace the defaults."""
 
     @classmethod
     def from_mapping(cls, tool: str, data: Mapping[str, Any], path: str | None = None) -> ToolLimits:
-        known = {"max_repeats", "on_repeat", "mutates"}
+        known = {"max_repeats", "on_repeat", "mutates", "mutates_when", "classifier", "error_when"}
         for key in data:
             _expect(f"tools.{tool}.{key}", key in known, "one of " + ", ".join(sorted(known)), key, path)
-        limits = cls(data.get("max_repeats"), data.get("on_repeat"), data.get("mutates"))
+        when = data.get("mutates_when")
+        errors = data.get("error_when")
+        if errors is not None:
+            ok = isinstance(errors, list | tuple)
+            _expect(f"tools.{tool}.error_when", ok, "a list of regular expressions", errors, path)
+        limits = cls(
+            data.get("max_repeats"),
+            data.get("on_repeat"),
+            data.get("mutates"),
+            None if when is None else _patterns(when, f"tools.{tool}.mutates_when", path),
+            data.get("classifier"),
+            None if errors is None else tuple(errors),
+        )
         limits.validate(tool, path)
         return limits
 
@@ -80,6 +160,22 @@ class ToolLimits:
             _expect(f"tools.{tool}.on_repeat", ok, "prune, nudge or cache", self.on_repeat, path)
         if self.mutates is not None:
             _expect(f"tools.{tool}.mutates", isinstance(self.mutates, bool), "true or false", self.mutates, path)
+        if self.mutates_when is not None:
+            setting = f"tools.{tool}.mutates_when"
+            ok = isinstance(self.mutates_when, tuple)
+            _expect(setting, ok, "a tuple of ArgumentPattern", self.mutates_when, path)
+            for i, pattern in enumerate(self.mutates_when):
+                ok = isinstance(pattern, ArgumentPattern)
+                _expect(f"{setting}[{i}]", ok, "{argument = ..., matches = ...}", pattern, path)
+                pattern.validate(f"{setting}[{i}]", path)
+        if self.classifier is not None:
+            ok = self.classifier in get_args(Classifier)
+            _expect(f"tools.{tool}.classifier", ok, "shell or none", self.classifier, path)
+        if self.error_when is not None:
+            setting = f"tools.{tool}.error_when"
+            _expect(setting, isinstance(self.error_when, tuple), "a list of regular expressions", self.error_when, path)
+            for i, regex in enumerate(self.error_when):
+                _expect(f"{setting}[{i}]", _is_regex(regex), "a regular expression", regex, path)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,12 +8,18 @@ events as the tree executor; observers (telemetry among them) see a run per
 conversation with one ToolNode per recorded call and a ``loop:detected`` event
 per catch. :meth:`LoopGuard.end` closes a conversation's run.
 
+Counting, limit precedence, state changes, the failure rule and the texts of a
+catch come from ``treellm.engine.repeats``, the module the executor uses, so a
+guarded agent and a tree count, fail and answer alike. Per-tool rules come from
+``rules=`` (``ToolRule``) and ``mutates=``, overridden by a limits file.
+
 Thread-safe: a lock guards the conversations, so handlers on worker threads may
 share one guard. Observers are called on the calling thread.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -41,9 +47,10 @@ from treellm.engine.events import (
     ToolStart,
     notify,
 )
-from treellm.engine.nodes import NodeStatus, PrunedCall, ToolNode
+from treellm.engine.nodes import NodeStatus, ToolNode
+from treellm.engine.repeats import RepeatPolicy, ToolRule, ToolSettings, answer_text, pruned_call
 from treellm.engine.tools import result_hash, result_text
-from treellm.loop import CallKey, LimitSource, LoopDetector, PathSignatures, call_key
+from treellm.loop import CallKey, LimitSource, PathSignatures, call_key
 from treellm.models.base import arguments_text
 from treellm.signature import parse_arguments
 from treellm.telemetry.observer import TelemetryObserver
@@ -96,6 +103,7 @@ class LoopGuard:
         *,
         max_repeats: int | None = None,
         mutates: Iterable[str] = (),
+        rules: Mapping[str, ToolRule] | None = None,
         config: TreeConfig | None = None,
         shadow: bool | None = None,
         observers: Sequence[Observer] = (),
@@ -107,18 +115,19 @@ class LoopGuard:
         clock: Callable[[], int] = time.time_ns,
         run_ids: Callable[[], str] = lambda: uuid.uuid4().hex,
     ) -> None:
-        """``limits`` are per-tool limits (like a tool's own ``max_repeats``); a
-        ``config`` read from a limits file overrides them, as everywhere."""
+        """``limits`` are per-tool limits (like a tool's own ``max_repeats``),
+        ``on_repeat`` one action or one per tool, ``rules`` per-tool state-change
+        and failure rules (``mutates=["edit"]`` is short for
+        ``rules={"edit": ToolRule(mutates=True)}``); a ``config`` read from a
+        limits file overrides them all, as everywhere."""
         base = config or TreeConfig()
         if max_repeats is not None:
             base = base.replace(max_repeats_per_signature=max_repeats)
         if shadow is not None:
             base = base.replace(shadow=shadow)
         self.config = base
-        self.detector = LoopDetector(base.max_repeats_per_signature, file_limits=base.file_limits)
-        self.limits = dict(limits or {})
-        self.on_repeat = on_repeat
-        self.mutating = frozenset(mutates)
+        self.policy = _policy(base, limits or {}, on_repeat, rules or {}, frozenset(mutates))
+        self.detector = self.policy.detector
         self.name = name
         self.model = model
         self.observers: list[Observer] = list(observers)
@@ -128,22 +137,6 @@ class LoopGuard:
         self.run_ids = run_ids
         self._lock = threading.Lock()
         self._conversations: dict[Hashable, _Conversation] = {}
-
-    # -- settings per tool (limits file > guard arguments > defaults) -------------------
-
-    def _action(self, tool: str) -> RepeatAction:
-        filed = self.config.tool_limits.get(tool)
-        if filed is not None and filed.on_repeat is not None:
-            return filed.on_repeat
-        if isinstance(self.on_repeat, str):
-            return self.on_repeat
-        return self.on_repeat.get(tool, "prune")
-
-    def _mutates(self, tool: str) -> bool:
-        filed = self.config.tool_limits.get(tool)
-        if filed is not None and filed.mutates is not None:
-            return filed.mutates
-        return tool in self.mutating
 
     # -- events ---------------------------------------------------------------------------
 
@@ -180,7 +173,7 @@ class LoopGuard:
         key = call_key(tool, arguments)
         with self._lock:
             conv = self._conversation(path)
-            decision = self.detector.check_key(conv.path, key, self.limits.get(tool))
+            decision = self.policy.check(conv.path, key)
             earlier = tuple(i for i in decision.earlier_node_ids if i is not None)
             if not decision.caught:
                 return GuardDecision(
@@ -194,25 +187,21 @@ class LoopGuard:
                     False,
                     earlier,
                 )
-            action = self._action(tool)
+            action = self.policy.action(tool)
             shadow = self.config.shadow
+            previous = conv.results.get(earlier[-1], "") if earlier else ""
             answer = (
                 None
                 if shadow
-                else self._answer(conv, action, tool, count=decision.count, limit=decision.limit, earlier=earlier)
+                else answer_text(action, tool=tool, count=decision.count, limit=decision.limit, earlier_result=previous)
             )
-            pruned = PrunedCall(
-                tool=tool,
+            pruned = pruned_call(
+                decision,
                 call_id="",
                 raw_arguments=_raw(arguments),
                 arguments=parse_arguments(arguments),
-                signature=decision.signature,
-                count=decision.count,
-                limit=decision.limit,
-                limit_source=decision.limit_source,
                 action=action,
                 shadow=shadow,
-                earlier_node_ids=earlier,
                 answer=answer,
             )
             conv.loops += 1
@@ -231,27 +220,6 @@ class LoopGuard:
                 answer,
             )
 
-    def _answer(
-        self,
-        conv: _Conversation,
-        action: RepeatAction,
-        tool: str,
-        *,
-        count: int,
-        limit: int,
-        earlier: tuple[str, ...],
-    ) -> str | None:
-        if action == "prune":
-            return None
-        previous = conv.results.get(earlier[-1], "") if earlier else ""
-        if action == "cache":
-            return previous
-        times = "once" if count == 1 else f"{count} times"
-        return (
-            f"[treellm] {tool} was already called {times} with these exact arguments, so it was not run "
-            f"again (limit {limit}). Earlier result:\n{previous}"
-        )
-
     def record(
         self,
         tool: str,
@@ -264,15 +232,19 @@ class LoopGuard:
     ) -> str:
         """Record a call that ran (after :meth:`check` allowed it); returns its node id.
 
-        ``error=True`` marks a failed call: it counts on the path, and does not
-        restart other tools' counts even when the tool ``mutates``.
+        A failed call (``error=True``: it raised or its status is an error; or
+        its result text matches the tool's ``error_when``) counts on the path
+        but never changes state. A successful call that changes state (the
+        tool's rule) restarts the counts of every other call on the path.
         """
         key: CallKey = call_key(tool, arguments)
         text = result_text(result)
         raw = _raw(arguments)
+        error = self.policy.is_failure(tool, text, status_error=error)
+        state_change = self.policy.state_change(tool, arguments, failed=error)
         with self._lock:
             conv = self._conversation(path)
-            decision = self.detector.check_key(conv.path, key, self.limits.get(tool))
+            decision = self.policy.check(conv.path, key)
             node_id = f"n{next(conv.ids)}"
             now = self.clock()
             node = ToolNode(
@@ -296,7 +268,7 @@ class LoopGuard:
                 shadow_caught=decision.caught,
                 error=text if error else None,
             )
-            conv.path = conv.path.extend(key, node_id, mutates=self._mutates(tool) and not error)
+            conv.path = conv.path.extend(key, node_id, mutates=state_change)
             conv.results[node_id] = text
             conv.tool_nodes += 1
             self._emit(
@@ -346,6 +318,24 @@ class LoopGuard:
         with self._lock:
             conv = self._conversations.get(path)
             return conv.path.count(call_key(tool, arguments)) if conv else 0
+
+
+def _policy(
+    config: TreeConfig,
+    limits: Mapping[str, int],
+    on_repeat: RepeatAction | Mapping[str, RepeatAction],
+    rules: Mapping[str, ToolRule],
+    mutates: frozenset[str],
+) -> RepeatPolicy:
+    """The guard's arguments as the tools' own settings (a limits file in ``config`` wins)."""
+    actions: Mapping[str, RepeatAction] = {} if isinstance(on_repeat, str) else on_repeat
+    settings: dict[str, ToolSettings] = {}
+    for tool in {*limits, *actions, *rules, *mutates}:
+        rule = rules.get(tool)
+        if tool in mutates:
+            rule = dataclasses.replace(rule, mutates=True) if rule is not None else ToolRule(mutates=True)
+        settings[tool] = ToolSettings(limits.get(tool), actions.get(tool), rule)
+    return RepeatPolicy(config, settings, default_action=on_repeat if isinstance(on_repeat, str) else "prune")
 
 
 def _raw(arguments: Any) -> str:

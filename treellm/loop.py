@@ -8,8 +8,12 @@ Contract (the definitions of ``docs/architecture.md``):
   djb2 hash, so a hash collision cannot prune a different call; the tree-llm
   signature string is carried for display and telemetry.
 - **count** = earlier identical calls on the path since the path's last
-  successful call of a ``mutates`` tool other than this one. A call is caught
-  when count >= limit. **ordinal** = count + 1.
+  successful **state change** by any other call (another tool's, or the same
+  tool's with other arguments): a state change restarts the counts of every
+  other key on its path, while its own key keeps counting, so the same write
+  repeated with nothing between is still a loop. A call is caught when
+  count >= limit. **ordinal** = count + 1. Which calls change state is decided
+  by ``treellm.engine.repeats``; this module only records it (``mutates=``).
 - **limit precedence**: limits file > the tool's own ``max_repeats`` > the
   detector's default.
 - :class:`PathSignatures` is immutable. ``extend`` returns a new value in
@@ -80,24 +84,26 @@ class PathSignatures:
     length: int = 0
     """How many calls the path holds."""
     _last_reset: int = -1
-    """Position of the last successful call of a mutating tool (-1: none)."""
-    _last_reset_tool: str | None = None
+    """Position of the last state change on the path (-1: none)."""
+    _last_reset_key: CallKey | None = None
+    """The key of that state change."""
     _other_reset: int = -1
-    """Position of the last such call by a tool other than ``_last_reset_tool``."""
+    """Position of the last state change whose key is not ``_last_reset_key``."""
 
     @classmethod
     def empty(cls) -> PathSignatures:
         return cls()
 
-    def _reset_point(self, tool: str) -> int:
-        return self._other_reset if tool == self._last_reset_tool else self._last_reset
+    def _reset_point(self, key: CallKey) -> int:
+        """The last state change that restarts ``key``'s count: the last one by another key."""
+        return self._other_reset if key == self._last_reset_key else self._last_reset
 
     def earlier(self, key: CallKey) -> tuple[str | None, ...]:
         """Node ids of the earlier identical calls that count (oldest first)."""
         calls = self._calls.get(key)
         if calls is None:
             return ()
-        start = bisect.bisect_right(calls.positions, self._reset_point(key.tool))
+        start = bisect.bisect_right(calls.positions, self._reset_point(key))
         return calls.node_ids[start:]
 
     def count(self, key: CallKey) -> int:
@@ -105,13 +111,17 @@ class PathSignatures:
         calls = self._calls.get(key)
         if calls is None:
             return 0
-        return len(calls.positions) - bisect.bisect_right(calls.positions, self._reset_point(key.tool))
+        return len(calls.positions) - bisect.bisect_right(calls.positions, self._reset_point(key))
 
     def extend(self, key: CallKey, node_id: str | None = None, *, mutates: bool = False) -> PathSignatures:
         """A new path with one more call of ``key``; this path is unchanged.
 
-        ``mutates=True`` says the call was a *successful* call of a mutating
-        tool: the counts of every other tool's calls restart after it.
+        ``mutates=True`` says the call was a *successful state change* (a call
+        of a ``mutates`` tool, or one whose arguments its rule marks as
+        writing): the counts of every other key on the path restart after it,
+        the same tool's other arguments included; ``key``'s own count goes on.
+        O(log n): only the last state change and the last one by another key
+        are kept, which is all :meth:`count` needs.
         """
         position = self.length
         old = self._calls.get(key)
@@ -119,12 +129,12 @@ class PathSignatures:
             calls = _Calls((position,), (node_id,))
         else:
             calls = _Calls((*old.positions, position), (*old.node_ids, node_id))
-        last, last_tool, other = self._last_reset, self._last_reset_tool, self._other_reset
+        last, last_key, other = self._last_reset, self._last_reset_key, self._other_reset
         if mutates:
-            if key.tool != last_tool:
-                other, last_tool = last, key.tool
+            if key != last_key:
+                other, last_key = last, key
             last = position
-        return PathSignatures(self._calls.set(key, calls), position + 1, last, last_tool, other)
+        return PathSignatures(self._calls.set(key, calls), position + 1, last, last_key, other)
 
     def __len__(self) -> int:
         return self.length

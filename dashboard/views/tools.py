@@ -38,5 +38,21 @@ with data.show_problems():
     else:
         near = near.assign(examples=near["examples"].map("\n".join))
         st.dataframe(near, hide_index=True, width="stretch")
+    st.subheader("Every repeat, judged")
+    st.caption("One row per executed repeat: its outcome (productive, wasted, unknown) and why. The link opens "
+               "the call in the run explorer.")  # fmt: skip
+    calls = data.query("repeats", filters)
+    if calls.empty:
+        st.info("No executed repeat in this selection.")
+    else:
+        st.dataframe(data.with_links(calls), hide_index=True, width="stretch",
+                     column_config=data.LINK_COLUMNS)  # fmt: skip
+    st.subheader("Near repeats and paging, pair by pair")
+    pairs = data.query("near_repeats", filters)
+    if pairs.empty:
+        st.info("No close pairs in this selection.")
+    else:
+        st.dataframe(data.with_links(pairs), hide_index=True, width="stretch",
+                     column_config=data.LINK_COLUMNS)  # fmt: skip
     st.subheader("Cost of wasted repeats")
     st.dataframe(data.query("cost_by_tool", filters), hide_index=True, width="stretch")

@@ -18,21 +18,25 @@ from treellm.analysis.metrics import (
     shape_distribution,
     totals,
 )
-from treellm.analysis.near import classify_pair, near_repeat_pairs, near_repeats_by_tool
+from treellm.analysis.near import classify_commands, classify_pair, near_repeat_pairs, near_repeats, near_repeats_by_tool
+from treellm.analysis.repeats import repeats
 from treellm.analysis.report import report, tune
 from treellm.analysis.tuning import limits_toml, tuning_by_tool, what_if_by_tool_limit, wilson_interval
 
 __all__ = [
     "Filters",
+    "classify_commands",
     "classify_pair",
     "cost_by_tool",
     "limits_toml",
     "near_repeat_pairs",
+    "near_repeats",
     "near_repeats_by_tool",
     "prune_rate_by_model",
     "prune_rate_by_tool",
     "repeat_outcome_by_tool",
     "repeat_samples",
+    "repeats",
     "report",
     "runs_by_day",
     "shape_by_run",

@@ -4,8 +4,9 @@ Words mean what ``docs/architecture.md`` defines: an executed call is a tool spa
 pruned call is a non-shadow ``loop:detected`` event; prune rate = pruned / (executed +
 pruned); an executed call with ordinal >= 2 is a repeat, **productive** when its result
 hash differs from every earlier identical call on its path (the calls its count counted),
-or the last of them failed while it succeeded, and **wasted** otherwise. A failed
-repeat is wasted.
+or the last of them failed while it succeeded; **unknown** when it or one of those calls
+has no captured result (missing results never compare equal); **wasted** otherwise. A
+failed repeat is wasted.
 """
 
 from __future__ import annotations
@@ -62,14 +63,23 @@ judged AS (
            any_value(r.status) AS status, any_value(r.shadow_caught) AS shadow_caught,
            any_value(r.duration_ns) AS duration_ns, any_value(length(r.result)) AS result_chars,
            any_value(r.start_ns) AS start_ns, any_value(r."limit") AS "limit",
+           any_value(r.signature) AS signature, any_value(r.arguments) AS arguments,
            coalesce(bool_and(p.e_hash IS DISTINCT FROM r.result_hash), true) AS all_differ,
+           any_value(r.result_hash) IS NULL OR coalesce(bool_or(p.e_hash IS NULL), false) AS missing_result,
            arg_max(p.e_status, p.pos) AS last_status,
            arg_max(p.e_node, p.pos) AS last_earlier,
            arg_max(p.pos, p.pos) IS NOT NULL AS has_earlier
     FROM reps r LEFT JOIN pairs p USING (run_id, node_id)
     GROUP BY r.run_id, r.node_id
 )
-SELECT *, status = 'completed' AND (all_differ OR last_status = 'failed') AS productive FROM judged
+SELECT *,
+       CASE WHEN status = 'failed' THEN 'wasted'
+            WHEN last_status = 'failed' THEN 'productive'
+            WHEN missing_result THEN 'unknown'
+            WHEN all_differ THEN 'productive'
+            ELSE 'wasted' END AS outcome,
+       status = 'completed' AND (last_status = 'failed' OR (all_differ AND NOT missing_result)) AS productive
+FROM judged
 """
 
 
@@ -146,11 +156,12 @@ def _prune_rates(con: duckdb.DuckDBPyConnection, f: Filters, *, group: list[str]
 
 
 def repeat_outcome_by_tool(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> pd.DataFrame:
-    """Per tool and ordinal: executed repeats, productive, wasted (and failed among wasted)."""
+    """Per tool and ordinal: executed repeats, productive, wasted (and failed among wasted), unknown."""
     samples = repeat_samples(con, filters)
     if samples.empty:
-        return pd.DataFrame(columns=["tool", "ordinal", "repeats", "productive", "wasted", "failed"])
-    samples["wasted"] = ~samples["productive"]
+        return pd.DataFrame(columns=["tool", "ordinal", "repeats", "productive", "wasted", "failed", "unknown"])
+    samples["wasted"] = samples["outcome"] == "wasted"
+    samples["unknown"] = samples["outcome"] == "unknown"
     samples["failed"] = samples["status"] == "failed"
     out = (
         samples.groupby(["tool", "ordinal"])
@@ -159,6 +170,7 @@ def repeat_outcome_by_tool(con: duckdb.DuckDBPyConnection, filters: Filters | No
             productive=("productive", "sum"),
             wasted=("wasted", "sum"),
             failed=("failed", "sum"),
+            unknown=("unknown", "sum"),
         )
         .reset_index()
         .sort_values(["tool", "ordinal"])
@@ -173,7 +185,7 @@ def cost_by_tool(con: duckdb.DuckDBPyConnection, filters: Filters | None = None)
     ``None`` when content capture was off.
     """
     samples = repeat_samples(con, filters)
-    wasted = samples[~samples["productive"]] if not samples.empty else samples
+    wasted = samples[samples["outcome"] == "wasted"] if not samples.empty else samples
     if wasted.empty:
         return pd.DataFrame(columns=["tool", "wasted_repeats", "wasted_seconds", "wasted_tokens_est"])
     out = (
@@ -248,7 +260,7 @@ def runs_by_day(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) 
     samples = repeat_samples(con, f)
     if not samples.empty:
         days = con.execute("SELECT run_id, day FROM runs").df()
-        wasted = samples[~samples["productive"]].merge(days, on="run_id").groupby("day").size()
+        wasted = samples[samples["outcome"] == "wasted"].merge(days, on="run_id").groupby("day").size()
         df["wasted"] = df["day"].map(wasted).fillna(0).astype(int)
     else:
         df["wasted"] = 0

@@ -10,7 +10,7 @@ import duckdb
 from treellm.analysis.filters import Filters
 from treellm.analysis.metrics import prune_rate_by_tool, repeat_outcome_by_tool, totals
 from treellm.analysis.near import near_repeats_by_tool
-from treellm.analysis.tuning import DEFAULT_MIN_SAMPLES, DEFAULT_TOLERANCE, tuning_by_tool
+from treellm.analysis.tuning import DEFAULT_MIN_PRODUCTIVE, DEFAULT_MIN_SAMPLES, DEFAULT_TOLERANCE, tuning_by_tool
 
 __all__ = ["report", "tune"]
 
@@ -23,10 +23,13 @@ def report(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> di
     out: dict[str, Any] = totals(con, f)
     rates: dict[Any, dict[Any, Any]] = prune_rate_by_tool(con, f).set_index("tool").to_dict("index")
     repeats: dict[Any, dict[Any, Any]] = (
-        repeat_outcome_by_tool(con, f).groupby("tool")[["repeats", "productive", "wasted"]].sum().to_dict("index")
+        repeat_outcome_by_tool(con, f)
+        .groupby("tool")[["repeats", "productive", "wasted", "unknown"]]
+        .sum()
+        .to_dict("index")
     )
     near: dict[Any, dict[Any, Any]] = near_repeats_by_tool(con, f).set_index("tool").to_dict("index")
-    none = {"repeats": 0, "productive": 0, "wasted": 0}
+    none = {"repeats": 0, "productive": 0, "wasted": 0, "unknown": 0}
     tools = []
     for tool, r in rates.items():
         rep = repeats.get(tool, none)
@@ -34,6 +37,7 @@ def report(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> di
             {"tool": str(tool), "calls": int(r["calls"]), "pruned": int(r["pruned"]),
              "prune_rate": round(float(r["prune_rate"]), 4), "exact_repeats": int(rep["repeats"]),
              "productive_repeats": int(rep["productive"]), "wasted_repeats": int(rep["wasted"]),
+             "unknown_repeats": int(rep["unknown"]),
              "near_repeats": int(near.get(tool, {}).get("near_repeats", 0))}
         )  # fmt: skip
     out["tools"] = tools
@@ -46,10 +50,14 @@ def tune(
     *,
     tolerance: float = DEFAULT_TOLERANCE,
     min_samples: int = DEFAULT_MIN_SAMPLES,
+    min_productive: int = DEFAULT_MIN_PRODUCTIVE,
 ) -> dict[str, Any]:
     """``{"tools": [...]}``: per tool the current and recommended ``max_repeats``, verdict,
-    samples, productive rate and reason."""
-    frame = tuning_by_tool(con, filters, tolerance=tolerance, min_samples=min_samples)
+    samples, productive rate, whether a limit was observed, the branches the limit would end,
+    the calls that drive a raise (with deep links) and the reason."""
+    frame = tuning_by_tool(
+        con, filters, tolerance=tolerance, min_samples=min_samples, min_productive=min_productive
+    )
     rows: list[Any] = list(frame.itertuples(index=False))
     tools = [
         {"tool": row.tool, "current_max_repeats": int(row.current_max_repeats),
@@ -57,7 +65,9 @@ def tune(
          "samples": int(row.samples), "productive_rate": round(float(row.productive_rate), 4),
          "productive_rate_ci95": [round(float(row.productive_rate_low), 4), round(float(row.productive_rate_high), 4)],
          "calls_saved": int(row.calls_saved), "tokens_saved_est": int(row.tokens_saved_est),
-         "mutating_tool": row.mutating_tool, "reason": row.reason}
+         "mutating_tool": row.mutating_tool, "observed_limit": bool(row.observed_limit),
+         "branches_ended": int(row.branches_ended), "unknown_outcomes": int(row.unknown),
+         "evidence": list(row.evidence), "reason": row.reason}
         for row in rows
     ]  # fmt: skip
     return {"tools": tools}

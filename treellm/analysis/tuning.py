@@ -23,8 +23,15 @@ import tomli_w
 
 from treellm.analysis.filters import Filters
 from treellm.analysis.metrics import CALLS_SQL, repeat_samples
+from treellm.shell import DEFAULT_SHELL_TOOLS
 
-__all__ = ["limits_toml", "tuning_by_tool", "what_if_by_tool_limit", "wilson_interval"]
+__all__ = [
+    "DEFAULT_MIN_PRODUCTIVE",
+    "limits_toml",
+    "tuning_by_tool",
+    "what_if_by_tool_limit",
+    "wilson_interval",
+]
 
 DEFAULT_TOLERANCE = 0.05
 VERDICT_ORDER = {"raise": 0, "lower": 1, "mutates": 2, "keep": 3, "insufficient_data": 4}
@@ -119,10 +126,13 @@ def _turn_summary(turns: pd.DataFrame) -> pd.DataFrame:
 
 
 def _intervening_tools(con: duckdb.DuckDBPyConnection, samples: pd.DataFrame) -> pd.Series:
-    """For each repeat: the other tools that succeeded between it and its last earlier twin."""
+    """For each repeat: the tools whose other calls succeeded between it and its last earlier
+    twin (its own tool included, when that tool made other calls: a tool that writes too)."""
     if samples.empty:
         return pd.Series(dtype=object)
-    keys = samples[["run_id", "node_id", "last_earlier", "start_ns", "tool"]].dropna(subset=["last_earlier"])
+    keys = samples[["run_id", "node_id", "last_earlier", "start_ns", "tool", "signature"]].dropna(
+        subset=["last_earlier"]
+    )
     con.register("treellm_repeat_keys", keys)
     try:
         found = con.execute(
@@ -132,7 +142,7 @@ def _intervening_tools(con: duckdb.DuckDBPyConnection, samples: pd.DataFrame) ->
             FROM treellm_repeat_keys k
             JOIN calls e ON e.run_id = k.run_id AND e.node_id = k.last_earlier
             JOIN calls c ON c.run_id = k.run_id AND c.start_ns > e.start_ns AND c.start_ns < k.start_ns
-                        AND c.tool <> k.tool AND c.status = 'completed'
+                        AND c.status = 'completed' AND c.signature IS DISTINCT FROM k.signature
             GROUP BY k.run_id, k.node_id
             """
         ).df()
@@ -163,24 +173,65 @@ def _mutating_cause(samples: pd.DataFrame, between: pd.Series) -> tuple[str, int
     return best[1] if best else None
 
 
+DEFAULT_MIN_PRODUCTIVE = 5
+"""A ``raise`` needs at least this many productive repeats. A limit is a trade between
+productive repeats lost and wasted ones saved; on one or two productive repeats (tau-bench's
+single re-booking after a cancel, against nine identical failing retries) that trade rests
+on chance: with 2 productive of 10, the 95% Wilson interval of the productive rate spans
+6%-51%. Five is the fewest at which the interval's lower bound clears 10% in a sample of
+ten, and the fewest a reviewer can read as a pattern."""
+MAX_EVIDENCE = 3
+
+
+def _evidence(mine: pd.DataFrame, current: int) -> list[dict[str, Any]]:
+    """The productive repeats a limit of ``current`` would prune, as quotable calls."""
+    if mine.empty:
+        return []
+    driving = mine[mine["productive"] & (mine["ordinal"] > current)].sort_values(["run_id", "start_ns"])
+    out = []
+    row: Any
+    for row in driving.head(MAX_EVIDENCE).itertuples(index=False):
+        out.append(
+            {"run_id": str(row.run_id), "node_id": str(row.node_id), "ordinal": int(row.ordinal),
+             "arguments": _quote(row.arguments), "link": f"run?run={row.run_id}&node={row.node_id}"}
+        )  # fmt: skip
+    return out
+
+
+def _quote(value: Any, limit: int = 120) -> str:
+    text = "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def tuning_by_tool(
     con: duckdb.DuckDBPyConnection,
     filters: Filters | None = None,
     *,
     tolerance: float = DEFAULT_TOLERANCE,
     min_samples: int = DEFAULT_MIN_SAMPLES,
+    min_productive: int = DEFAULT_MIN_PRODUCTIVE,
 ) -> pd.DataFrame:
-    """Per tool: current and recommended limit, verdict, evidence and reason."""
+    """Per tool: current and recommended limit, verdict, evidence and reason.
+
+    ``raise`` needs ``min_productive`` productive repeats; data that never ran under a limit
+    says so (``observed_limit`` false: the advice rests on what-if replay); the evidence
+    names the branches a limit would end and quotes the calls that drive a raise; a tool
+    whose productive repeats follow its own other calls (it reads and writes) gets
+    ``mutates`` with its state-change rule instead of a higher limit.
+    """
     f = filters or Filters()
     samples = repeat_samples(con, f)
     limits = _current_limits(con, f)
     pruned = _pruned_counts(con, f)
+    turns = _turn_summary(_turn_ends(con, f))
     rows: list[dict[str, Any]] = []
     item: Any
     for item in limits.itertuples(index=False):
         tool = str(item.tool)
-        current = int(item.current_limit) if pd.notna(item.current_limit) else 1
-        mine = samples[samples["tool"] == tool] if not samples.empty else samples
+        observed = pd.notna(item.current_limit)
+        current = int(item.current_limit) if observed else 1
+        mine = samples[(samples["tool"] == tool) & (samples["outcome"] != "unknown")] if not samples.empty else samples
+        unknown = int(((samples["tool"] == tool) & (samples["outcome"] == "unknown")).sum()) if not samples.empty else 0
         n = len(mine)
         productive = int(mine["productive"].sum()) if n else 0
         low, high = wilson_interval(productive, n)
@@ -189,25 +240,37 @@ def tuning_by_tool(
         pruned_wasted = ((~mine["productive"]) & (mine["ordinal"] > recommended)) if n else None
         saved = int(pruned_wasted.sum()) if pruned_wasted is not None else 0
         tokens: Any = mine.loc[pruned_wasted, "result_chars"].sum() if pruned_wasted is not None else 0
+        only_this = turns[(turns["tools"] == 1) & (turns["first_tool"] == tool)]["min_ordinal"]
         verdict, reason, mutating = _verdict(
             con,
             mine,
+            tool=tool,
             n=n,
             current=current,
             recommended=recommended,
             pruned=pruned_here,
             min_samples=min_samples,
+            min_productive=min_productive,
             tolerance=tolerance,
         )
-        if verdict in ("insufficient_data", "mutates"):
+        if verdict in ("insufficient_data", "mutates", "keep"):
             recommended = current
+        ends = int((only_this > recommended).sum())
+        if not observed:
+            reason = f"no observed limit (the agent never ran with one): what-if replay at limit {current}; {reason}"
+        reason += f"; limit {recommended} would end {ends} branch(es) (turns whose every call it prunes)"
+        if unknown:
+            reason += f"; {unknown} repeat(s) with no captured result left out"
         rows.append(
             {"tool": tool, "current_max_repeats": current,
-             "limit_source": item.limit_source if isinstance(item.limit_source, str) else "default",
-             "recommended_max_repeats": recommended, "verdict": verdict, "samples": n, "productive": productive,
+             "limit_source": item.limit_source if isinstance(item.limit_source, str) else ("default" if observed
+                                                                                          else "none"),
+             "observed_limit": bool(observed), "recommended_max_repeats": recommended, "verdict": verdict,
+             "samples": n, "productive": productive, "unknown": unknown,
              "productive_rate": productive / n if n else 0.0, "productive_rate_low": low, "productive_rate_high": high,
              "calls": int(item.calls), "pruned": pruned_here, "calls_saved": saved,
              "tokens_saved_est": int(tokens // 4) if pd.notna(tokens) else 0, "mutating_tool": mutating,
+             "branches_ended": ends, "evidence": _evidence(mine, current) if verdict == "raise" else [],
              "reason": reason}
         )  # fmt: skip
     if not rows:
@@ -234,30 +297,47 @@ def _verdict(
     con: duckdb.DuckDBPyConnection,
     samples: pd.DataFrame,
     *,
+    tool: str,
     n: int,
     current: int,
     recommended: int,
     pruned: int,
     min_samples: int,
+    min_productive: int,
     tolerance: float,
 ) -> tuple[str, str, str | None]:
     if n < min_samples:
         advice = (
-            f"only {n} executed repeat(s) (need {min_samples}); {pruned} repeat(s) were pruned with no outcome: "
-            "collect more, for instance in shadow mode (TreeConfig(shadow=True)), which runs them and reports them"
+            f"only {n} executed repeat(s) with a known outcome (need {min_samples}); {pruned} repeat(s) were pruned "
+            "with no outcome: collect more, for instance in shadow mode (TreeConfig(shadow=True)), which runs them "
+            "and reports them"
         )
         return "insufficient_data", advice, None
     cause = _mutating_cause(samples, _intervening_tools(con, samples))
     if cause is not None:
-        tool, count, rate_with, rate_without = cause
-        return (
-            "mutates",
-            f"{count} repeat(s) were productive after a successful {tool} call ({rate_with:.0%} productive with it, "
-            f"{rate_without:.0%} without): mark {tool} as mutates=true instead of raising the limit",
-            tool,
-        )
+        mutating, count, rate_with, rate_without = cause
+        if mutating == tool:
+            advice = (
+                f"{count} repeat(s) were productive after another call of {tool} itself ({rate_with:.0%} productive "
+                f"with one, {rate_without:.0%} without): {tool} both reads and writes; give it a state-change rule "
+                f"(classifier = \"shell\" for a shell tool, else mutates_when on the arguments that write) instead "
+                "of a higher limit"
+            )
+        else:
+            advice = (
+                f"{count} repeat(s) were productive after a successful {mutating} call ({rate_with:.0%} productive "
+                f"with it, {rate_without:.0%} without): mark {mutating} as mutates=true instead of raising the limit"
+            )
+        return "mutates", advice, mutating
     productive = int(samples["productive"].sum())
     share = f"{productive}/{n} repeats productive"
+    if recommended > current and productive < min_productive:
+        return (
+            "keep",
+            f"{share}: too few productive repeats to raise the limit (need {min_productive}); limit {current} "
+            f"would prune {int((samples.loc[samples['productive'], 'ordinal'] > current).sum())} of them",
+            None,
+        )
     if recommended == current:
         return "keep", f"{share}; limit {current} loses at most {tolerance:.0%} of the productive ones", None
     if recommended > current:
@@ -278,7 +358,10 @@ def limits_toml(tuning: pd.DataFrame, *, default_max_repeats: int | None = None)
         if row.verdict in ("keep", "raise", "lower"):
             tools.setdefault(str(row.tool), {})["max_repeats"] = int(row.recommended_max_repeats)
         elif row.verdict == "mutates" and isinstance(row.mutating_tool, str):
-            tools.setdefault(row.mutating_tool, {})["mutates"] = True
+            if row.mutating_tool == row.tool and row.tool in DEFAULT_SHELL_TOOLS:
+                tools.setdefault(str(row.tool), {})["classifier"] = "shell"
+            elif row.mutating_tool != row.tool:
+                tools.setdefault(row.mutating_tool, {})["mutates"] = True
     document: dict[str, Any] = {}
     if default_max_repeats is not None:
         document["defaults"] = {"max_repeats_per_signature": default_max_repeats}

@@ -7,6 +7,8 @@ Hard rules:
 - A tool call is checked against the node's path *and* the calls already
   accepted in the same turn before anything runs. A caught call never becomes
   a node: it is a ``PrunedCall`` on the ThinkNode that asked for it.
+- Limits, actions, state changes, the failure rule and the texts of a catch
+  come from ``engine/repeats.py`` (shared with ``LoopGuard``), never from here.
 - Every tool call in an assistant message that goes back to the model is
   answered by exactly one tool message, or removed from that message.
 - The model's and the tools' faults are data (node status, events, results
@@ -24,7 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from treellm.config import RepeatAction, TreeConfig
+from treellm.config import TreeConfig
 from treellm.engine.events import (
     EVENT_TYPES,
     BudgetExhausted,
@@ -51,6 +53,7 @@ from treellm.engine.events import (
     notify,
 )
 from treellm.engine.nodes import CollapseNode, Node, NodeKind, NodeStatus, PrunedCall, ThinkNode, ToolNode
+from treellm.engine.repeats import RepeatPolicy, answer_text, loop_message, pruned_call
 from treellm.engine.tools import (
     TASK_COMPLETE,
     TASK_COMPLETE_SPEC,
@@ -60,7 +63,7 @@ from treellm.engine.tools import (
     result_text,
 )
 from treellm.errors import ModelError
-from treellm.loop import CallKey, LoopDecision, LoopDetector, PathSignatures
+from treellm.loop import CallKey, LoopDecision, PathSignatures
 from treellm.models.base import (
     ChatModel,
     Message,
@@ -86,16 +89,6 @@ COLLAPSE_PROMPT = (
     "You compress an agent's working context. Summarise the tool results below densely: keep every "
     "fact, number, name and error the agent needs to finish its task; drop repetition."
 )
-
-
-def loop_message(tool: str, raw_arguments: str, action: RepeatAction) -> str:
-    """The chunk text of a caught call (tree-llm's wording for ``prune``)."""
-    tail = {
-        "prune": "pruning branch",
-        "nudge": "answering with a nudge",
-        "cache": "answering from cache",
-    }[action]
-    return f"[tree] Loop detected: {tool}({raw_arguments}) already in path — {tail}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +119,8 @@ class SubTree:
     config: TreeConfig
     tools: Mapping[str, Tool]
     skills: Mapping[str, Skill]
-    detector: LoopDetector
+    policy: RepeatPolicy
+    """Limits, actions and state-change/failure rules per tool (``engine/repeats.py``)."""
     system_prompt: str
     skill_stack: tuple[str, ...] = ()
     ends: list[BranchEnd] = field(default_factory=list)
@@ -144,31 +138,13 @@ class SubTree:
             config,
             {t.name: t for t in tools},
             {s.tool_name: s for s in skills},
-            LoopDetector(config.max_repeats_per_signature, file_limits=config.file_limits),
+            RepeatPolicy(config, {t.name: t.settings for t in tools}),
             system_prompt,
             skill_stack,
         )
 
     def specs(self) -> list[ToolSpec]:
         return [t.spec for t in self.tools.values()] + [s.spec for s in self.skills.values()] + [TASK_COMPLETE_SPEC]
-
-    def max_repeats(self, tool: str) -> int | None:
-        found = self.tools.get(tool)
-        return found.max_repeats if found is not None else None
-
-    def on_repeat(self, tool: str) -> RepeatAction:
-        limits = self.config.tool_limits.get(tool)
-        if limits is not None and limits.on_repeat is not None:
-            return limits.on_repeat
-        found = self.tools.get(tool)
-        return found.on_repeat if found is not None else "prune"
-
-    def mutates(self, tool: str) -> bool:
-        limits = self.config.tool_limits.get(tool)
-        if limits is not None and limits.mutates is not None:
-            return limits.mutates
-        found = self.tools.get(tool)
-        return found.mutates if found is not None else False
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,21 +410,15 @@ class Run:
             raw = arguments_text(call.arguments)
             value = parse_arguments(call.arguments if isinstance(call.arguments, str) else dict(call.arguments))
             key = _key(call.name, value)
-            decision = tree.detector.check_key(turn_path, key, tree.max_repeats(call.name))
+            decision = tree.policy.check(turn_path, key)
             if decision.caught:
-                action = tree.on_repeat(call.name)
-                pruned = PrunedCall(
-                    tool=call.name,
+                pruned = pruned_call(
+                    decision,
                     call_id=call_id,
                     raw_arguments=raw,
                     arguments=value,
-                    signature=decision.signature,
-                    count=decision.count,
-                    limit=decision.limit,
-                    limit_source=decision.limit_source,
-                    action=action,
+                    action=tree.policy.action(call.name),
                     shadow=shadow,
-                    earlier_node_ids=tuple(i for i in decision.earlier_node_ids if i is not None),
                 )
                 self._record_catch(node, pruned)
                 if not shadow:
@@ -481,14 +451,7 @@ class Run:
                 continue
             earlier = self.nodes.get(p.earlier_node_ids[-1]) if p.earlier_node_ids else None
             earlier_result = earlier.result if isinstance(earlier, ToolNode) and earlier.result is not None else ""
-            if p.action == "cache":
-                text = earlier_result
-            else:
-                times = "once" if p.count == 1 else f"{p.count} times"
-                text = (
-                    f"[treellm] {p.tool} was already called {times} on this path with these exact "
-                    f"arguments, so it was not run again (limit {p.limit}). Earlier result:\n{earlier_result}"
-                )
+            text = answer_text(p.action, tool=p.tool, count=p.count, limit=p.limit, earlier_result=earlier_result)
             answered = dataclasses.replace(p, answer=text)
             self.pruned[self.pruned.index(p)] = answered
             think = self.nodes[think_id]
@@ -576,7 +539,8 @@ class Run:
             try:
                 async with self._tool_slots:
                     value = await _call_handler(tool, call.value)
-                return True, result_text(value), attempts
+                text = result_text(value)
+                return not tree.policy.is_failure(call.name, text), text, attempts
             except Exception as exc:  # noqa: BLE001 -- a tool's fault is data: retried, then sent to the model
                 error = f"{type(exc).__name__}: {exc}"
                 if attempts >= max_attempts:
@@ -647,7 +611,10 @@ class Run:
         return [Branch(tree, messages, path, branch.depth + 1, collapse_id)]
 
     def _mutated(self, tree: SubTree, call: _Accepted) -> bool:
-        return tree.mutates(call.name) and call.node is not None and call.node.status == NodeStatus.COMPLETED
+        """True when the call ran, succeeded and changed state (``engine/repeats.py``)."""
+        if call.node is None or call.node.status != NodeStatus.COMPLETED:
+            return False
+        return tree.policy.state_change(call.name, call.value, failed=False)
 
     async def _collapse(
         self, branch: Branch, think: ThinkNode, tool_nodes: list[ToolNode], turn: list[Message]

@@ -15,8 +15,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from treellm.config import RepeatAction, TreeConfig
-from treellm.errors import ToolDefinitionError
+from treellm.config import ArgumentPattern, Classifier, RepeatAction, TreeConfig
+from treellm.engine.repeats import MutatesWhen, ToolRule, ToolSettings
+from treellm.errors import ConfigError, ToolDefinitionError
 from treellm.models.base import ToolSpec
 
 __all__ = [
@@ -64,8 +65,14 @@ class Tool:
 
     ``max_repeats`` overrides the default limit for this tool (a limits file
     overrides both); ``on_repeat`` says what to do with a caught call
-    (``prune``, ``nudge`` or ``cache``); ``mutates`` says a successful call
-    changes state, so the other tools' repeat counts restart after it.
+    (``prune``, ``nudge`` or ``cache``). The state-change and failure rule
+    (:class:`~treellm.engine.repeats.ToolRule`): ``mutates`` says every
+    successful call changes state, ``mutates_when`` which arguments do,
+    ``classifier="shell"`` reads a shell command (the default for the tools in
+    ``treellm.shell.DEFAULT_SHELL_TOOLS``; ``"none"`` turns it off), and
+    ``error_when`` lists regexes on the result text that mark a call failed
+    (``None``: the defaults). A successful state change restarts the counts
+    of every other call on its path; its own keeps counting.
     """
 
     name: str
@@ -75,6 +82,9 @@ class Tool:
     max_repeats: int | None = None
     on_repeat: RepeatAction = "prune"
     mutates: bool = False
+    mutates_when: MutatesWhen | Sequence[ArgumentPattern] | None = None
+    classifier: Classifier | None = None
+    error_when: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.name, "tool")
@@ -92,10 +102,24 @@ class Tool:
                 f"tool {self.name!r}: on_repeat: expected prune, nudge or cache, got {self.on_repeat!r}",
                 tool=self.name,
             )
+        try:
+            self.rule  # noqa: B018 -- validates the rule's fields
+        except ConfigError as exc:
+            raise ToolDefinitionError(f"tool {self.name!r}: {exc}", tool=self.name) from exc
 
     @property
     def spec(self) -> ToolSpec:
         return ToolSpec(self.name, self.description, self.parameters)
+
+    @property
+    def rule(self) -> ToolRule:
+        """The tool's own state-change and failure rule (a limits file may override it)."""
+        return ToolRule(self.mutates, self.mutates_when, self.classifier, self.error_when)
+
+    @property
+    def settings(self) -> ToolSettings:
+        """The tool's own repeat settings, for :class:`~treellm.engine.repeats.RepeatPolicy`."""
+        return ToolSettings(self.max_repeats, self.on_repeat, self.rule)
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ import duckdb
 import orjson
 import pandas as pd
 
+from treellm.engine import repeats
 from treellm.engine.tools import result_hash
 from treellm.errors import IngestError, StoreError
 from treellm.exporters.jsonl import end_of_last_line
@@ -53,6 +54,9 @@ MEMORY_LIMIT = os.environ.get("TREELLM_INGEST_MEMORY_LIMIT", "1GB")
 _HEX = frozenset("0123456789abcdefABCDEF")
 DEFAULT_INTERNAL = frozenset(conventions.DEFAULT_INTERNAL_TOOLS)
 ENV_INTERNAL_TOOLS = "TREELLM_INTERNAL_TOOLS"
+_DEFAULT_RULE = repeats.ToolRule()
+"""Other frameworks' calls are judged by the default rule: the shell classifier for shell
+tools, the default failure patterns on results (``docs/architecture.md``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,13 +294,16 @@ def _read_foreign(con: duckdb.DuckDBPyConnection, internal_tools: frozenset[str]
         )
         sig = digest = None
         internal = facts.tool_name in internal_tools if facts.tool_name else None
+        failed = facts.failed or (
+            facts.role == "tool" and facts.result is not None and repeats.is_failure(_DEFAULT_RULE, facts.result)
+        )
         if facts.role == "tool" and facts.tool_name:
             sig = signature(facts.tool_name, _arguments_value(facts.arguments or ""))
             digest = result_hash(facts.result) if facts.result is not None else None
         out.append(
             (trace, span, facts.family or "otel", _FOREIGN_OPERATIONS.get(facts.role), facts.tool_name,
              facts.call_id, facts.arguments, facts.result, sig, digest, facts.model, facts.agent_name,
-             internal, facts.failed)
+             internal, failed)
         )  # fmt: skip
     frame = pd.DataFrame(
         out,
@@ -337,7 +344,8 @@ def _finish_foreign(con: duckdb.DuckDBPyConnection, internal: frozenset[str] | N
     con.register("foreign_traces", pd.DataFrame({"trace_id": traces}))
     rows = con.execute(
         "SELECT trace_id, span_id, parent_span_id, start_ns, end_ns, operation, tool_name, arguments, "
-        "       coalesce(internal, false), agent_name, orphan_parent IS NOT NULL AND parent_span_id IS NULL "
+        "       coalesce(internal, false), agent_name, orphan_parent IS NOT NULL AND parent_span_id IS NULL, "
+        "       status_code = 2 OR node_status = 'failed' "
         "FROM spans JOIN foreign_traces USING (trace_id)"
     ).fetchall()
     foreign = {
@@ -354,8 +362,10 @@ def _finish_foreign(con: duckdb.DuckDBPyConnection, internal: frozenset[str] | N
             call_key=(f"{tool}\x00{canonical_json(_arguments_value(args or ''))}"
                       if tool is not None and operation == "execute_tool" and not internal else None),
             agent_name=agent, flagged_orphan=flagged,
+            changes_state=(tool is not None and operation == "execute_tool" and not internal and not failed
+                           and repeats.changes_state(_DEFAULT_RULE, tool, _arguments_value(args or ""))),
         )
-        for trace, span, parent, start, end, operation, tool, args, internal, agent, flagged in rows
+        for trace, span, parent, start, end, operation, tool, args, internal, agent, flagged, failed in rows
     ]  # fmt: skip
     placed = [p for p in place_traces(facts) if (p.trace_id, p.span_id) in foreign]
     frame = pd.DataFrame(

@@ -17,7 +17,8 @@
   0 under the node that was current when it started. Tool calls before any LLM span
   hang from the run (parent ``None``, depth 0).
 - **ordinal**: 1 + the earlier calls on the path with the same key (the tool name and the
-  canonical text of its arguments, never a hash); ``earlier`` names them (span ids).
+  canonical text of its arguments, never a hash) since the path's last state change other
+  than this key's own (``docs/architecture.md``); ``earlier`` names them (span ids).
   Framework-internal calls have no key and no ordinal.
 
 Input order does not matter: a run's spans that arrived before its root are placed
@@ -49,6 +50,9 @@ class SpanFacts:
     call_key: str | None = None
     agent_name: str | None = None
     flagged_orphan: bool = False
+    changes_state: bool = False
+    """A successful call that changed state (the tool's state-change rule): it restarts the
+    counts of every other call key on its path; its own key keeps counting."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +141,8 @@ def _place_path(members: Sequence[SpanFacts], base_parent: str | None) -> dict[s
             same = earlier.setdefault(span.call_key, [])
             ordinal, before = len(same) + 1, tuple(same)
             same.append(span.span_id)
+            if span.changes_state:
+                earlier = {span.call_key: same}
         placed[span.span_id] = ("tool", parent, depth if think is not None else 0, ordinal, before)
     return placed
 

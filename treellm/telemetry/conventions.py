@@ -67,6 +67,7 @@ AGENT_OPERATIONS: Final = frozenset({"invoke_agent"})
 _OPENINFERENCE_ROLES: Final[Mapping[str, Role]] = {"TOOL": "tool", "LLM": "llm", "AGENT": "agent"}
 _TRACELOOP_ROLES: Final[Mapping[str, Role]] = {"tool": "tool", "agent": "agent"}
 _TRACELOOP_LLM_TYPE: Final = "llm.request.type"
+_OPENINFERENCE_MODEL_CALL: Final = ("llm.output_messages.", "llm.token_count.")
 # Span names that say the role when no attribute does (pydantic-ai before its GenAI names).
 _NAME_ROLES: Final[tuple[tuple[str, Role], ...]] = (
     ("execute_tool ", "tool"),
@@ -152,6 +153,8 @@ def _role(name: str, attributes: Mapping[str, str]) -> Role:
     if operation in AGENT_OPERATIONS:
         return "agent"
     role = _OPENINFERENCE_ROLES.get(str(attributes.get(OPENINFERENCE_KIND, "")).upper())
+    if role == "llm" and not any(key.startswith(_OPENINFERENCE_MODEL_CALL) for key in attributes):
+        return "other"  # an LLM-kind step that asked no model (LlamaIndex's _prepare_chat_with_tools)
     if role is not None:
         return role
     kind = attributes.get(TRACELOOP_KIND)

@@ -1,0 +1,323 @@
+"""The repeat rules, once: state changes, failures, per-tool precedence and the texts of a catch.
+
+Used by the engine (``run.py``), by :class:`~treellm.LoopGuard` and by the
+analysis of stored calls, so the three count, fail and answer alike.
+
+- **state change** (``docs/architecture.md``): a *successful* call of a tool
+  marked ``mutates``, or a successful call whose arguments the tool's rule
+  marks as writing: ``mutates_when`` (a callable, or argument patterns), or the
+  shell classifier for shell tools (``treellm.shell.classify_command`` of the
+  command: ``write`` and ``unknown`` both count as writing; a call whose command
+  cannot be found counts as ``unknown``). A state change restarts the counts of
+  every other signature on its path, the same tool's included; its own
+  signature keeps counting (:meth:`treellm.loop.PathSignatures.extend`).
+- **failed call**: the tool raised, its span status is ERROR, or its result
+  text matches one of the rule's ``error_when`` regexes (``re.search``);
+  :data:`DEFAULT_ERROR_WHEN` applies when a rule sets none. A failed call
+  counts on its path but never changes state.
+- **precedence** per tool: a limits file (``TreeConfig.tool_limits``) > the
+  tool's own settings in code (:class:`ToolSettings`) > the defaults (the
+  config's ``max_repeats_per_signature``, action ``prune``, :class:`ToolRule`'s
+  defaults, ``classifier="shell"`` for ``treellm.shell.DEFAULT_SHELL_TOOLS``).
+
+Hard rules: pure (no I/O, clocks or run state); the functions take frozen
+values and never raise on a call's data (bad rules raise ``ConfigError`` when
+built). Nothing here imports the run, the executor or telemetry, so the store
+and the analysis may import it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TypeAlias, get_args
+
+from treellm.config import ArgumentPattern, Classifier, RepeatAction, ToolLimits, TreeConfig
+from treellm.engine.nodes import PrunedCall
+from treellm.errors import ConfigError
+from treellm.loop import CallKey, LimitSource, LoopDecision, LoopDetector, PathSignatures
+from treellm.shell import DEFAULT_SHELL_TOOLS, classify_command, command_text
+from treellm.signature import RawArguments, canonical_json, parse_arguments
+
+__all__ = [
+    "DEFAULT_ERROR_WHEN",
+    "ArgumentPattern",
+    "Classifier",
+    "MutatesWhen",
+    "RepeatPolicy",
+    "ToolRule",
+    "ToolSettings",
+    "answer_text",
+    "changes_state",
+    "is_failure",
+    "loop_message",
+    "merge_rule",
+    "pruned_call",
+]
+
+MutatesWhen: TypeAlias = Callable[[object], bool] | ArgumentPattern | tuple[ArgumentPattern, ...]
+"""A predicate on the parsed arguments, or argument patterns (any one matching)."""
+
+DEFAULT_ERROR_WHEN: tuple[str, ...] = (
+    # a non-zero return code, as shell tools report it: <returncode>2</returncode>
+    r"<returncode>\s*-?\s*0*[1-9]\d*\s*</returncode>",
+    # a Python traceback anywhere in the text
+    r"Traceback \(most recent call last\):",
+    # a leading "Error:" / "error:"
+    r"\A\s*[Ee]rror:",
+    # a JSON object with a top-level "error" key (after at most one level of nested objects)
+    # whose value is not null, false or empty
+    r'\A\s*\{(?:[^{}"]|"(?:[^"\\]|\\.)*"|\{(?:[^{}"]|"(?:[^"\\]|\\.)*")*\})*?'
+    r'"error"\s*:(?!\s*(?:null\b|false\b|""|\[\s*\]|\{\s*\}))',
+)
+"""The failure rule of a tool that sets no ``error_when``."""
+
+
+def _config_error(setting: str, expected: str, got: object) -> ConfigError:
+    return ConfigError(f"{setting}: expected {expected}, got {got!r}", setting=setting)
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
+    return tuple(re.compile(p) for p in patterns)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRule:
+    """How one tool's calls change state and fail (see the module docstring).
+
+    ``mutates``: every successful call changes state. ``mutates_when``: a
+    successful call changes state when this predicate (on the parsed
+    arguments) holds, or one of these argument patterns matches.
+    ``classifier``: ``"shell"`` reads the command of a shell tool; ``"none"``
+    turns that off; ``None`` means the default (``"shell"`` for the tools named
+    in ``treellm.shell.DEFAULT_SHELL_TOOLS``). ``error_when``: regexes on the
+    result text that mark a call failed; ``None`` means
+    :data:`DEFAULT_ERROR_WHEN`, ``()`` means the text never marks a failure.
+    Invalid values raise ``ConfigError``.
+    """
+
+    mutates: bool = False
+    mutates_when: MutatesWhen | Sequence[ArgumentPattern] | None = None
+    classifier: Classifier | None = None
+    error_when: Sequence[str] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mutates, bool):
+            raise _config_error("mutates", "true or false", self.mutates)
+        when = self.mutates_when
+        if isinstance(when, ArgumentPattern):
+            object.__setattr__(self, "mutates_when", (when,))
+        elif isinstance(when, Sequence) and not isinstance(when, str):
+            for pattern in when:
+                if not isinstance(pattern, ArgumentPattern):
+                    raise _config_error("mutates_when", "ArgumentPattern values", pattern)
+            object.__setattr__(self, "mutates_when", tuple(when))
+        elif when is not None and not callable(when):
+            raise _config_error("mutates_when", "a callable or ArgumentPattern values", when)
+        if self.classifier is not None and self.classifier not in get_args(Classifier):
+            raise _config_error("classifier", "shell or none", self.classifier)
+        errors = self.error_when
+        if errors is not None:
+            if isinstance(errors, str) or not isinstance(errors, Sequence):
+                raise _config_error("error_when", "a list of regular expressions", errors)
+            for regex in errors:
+                try:
+                    re.compile(regex)
+                except (re.error, TypeError) as exc:
+                    raise _config_error("error_when", "a regular expression", regex) from exc
+            object.__setattr__(self, "error_when", tuple(errors))
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSettings:
+    """A tool's own repeat settings in code: the middle of the precedence (``None``: not set)."""
+
+    max_repeats: int | None = None
+    on_repeat: RepeatAction | None = None
+    rule: ToolRule | None = None
+
+
+def merge_rule(code: ToolRule | None, filed: ToolLimits | None) -> ToolRule:
+    """The rule that applies: each field the limits file sets wins over the tool's own."""
+    rule = code or ToolRule()
+    if filed is None:
+        return rule
+    return ToolRule(
+        rule.mutates if filed.mutates is None else filed.mutates,
+        rule.mutates_when if filed.mutates_when is None else filed.mutates_when,
+        rule.classifier if filed.classifier is None else filed.classifier,
+        rule.error_when if filed.error_when is None else filed.error_when,
+    )
+
+
+def _classifier(rule: ToolRule, tool: str) -> Classifier:
+    if rule.classifier is not None:
+        return rule.classifier
+    return "shell" if tool in DEFAULT_SHELL_TOOLS else "none"
+
+
+def _argument_text(value: object) -> str:
+    return value if isinstance(value, str) else canonical_json(value)
+
+
+def _pattern_matches(pattern: ArgumentPattern, arguments: object) -> bool:
+    if pattern.argument is None:
+        text = arguments.text if isinstance(arguments, RawArguments) else canonical_json(arguments)
+    elif isinstance(arguments, Mapping) and pattern.argument in arguments:
+        text = _argument_text(arguments[pattern.argument])
+    else:
+        return False
+    return re.search(pattern.matches, text) is not None
+
+
+def changes_state(rule: ToolRule, tool: str, arguments: object) -> bool:
+    """True when a *successful* call of ``tool`` with ``arguments`` changes state.
+
+    ``arguments`` is JSON text, bytes or the parsed value (a ``str`` is read as
+    JSON text; text that is not JSON is, for a shell tool, the command itself).
+    Failure is the caller's to apply: a failed call never changes state.
+    """
+    if rule.mutates:
+        return True
+    value = parse_arguments(arguments)
+    when = rule.mutates_when
+    if when is not None:
+        if isinstance(when, tuple):
+            if any(_pattern_matches(p, value) for p in when):
+                return True
+        elif callable(when) and when(value):
+            return True
+    if _classifier(rule, tool) == "shell":
+        command = command_text(value.text if isinstance(value, RawArguments) else value)
+        return command is None or classify_command(command) != "read"
+    return False
+
+
+def is_failure(rule: ToolRule, result_text: str, *, raised: bool = False, status_error: bool = False) -> bool:
+    """True when a call failed: it raised, its status is an error, or its result text matches ``error_when``."""
+    if raised or status_error:
+        return True
+    patterns = DEFAULT_ERROR_WHEN if rule.error_when is None else tuple(rule.error_when)
+    return any(p.search(result_text) is not None for p in _compiled(patterns))
+
+
+# -- the texts of a catch ------------------------------------------------------------------
+
+_TAILS: Mapping[RepeatAction, str] = {
+    "prune": "pruning branch",
+    "nudge": "answering with a nudge",
+    "cache": "answering from cache",
+}
+
+
+def loop_message(tool: str, raw_arguments: str, action: RepeatAction) -> str:
+    """The chunk text of a caught call (tree-llm's wording for ``prune``)."""
+    return f"[tree] Loop detected: {tool}({raw_arguments}) already in path — {_TAILS[action]}"
+
+
+def answer_text(action: RepeatAction, *, tool: str, count: int, limit: int, earlier_result: str) -> str | None:
+    """The tool result sent back for a caught call: None for ``prune``, the earlier result
+    for ``cache``, and for ``nudge`` a note saying the call was already made, how often,
+    and its earlier result."""
+    if action == "prune":
+        return None
+    if action == "cache":
+        return earlier_result
+    times = "once" if count == 1 else f"{count} times"
+    return (
+        f"[treellm] {tool} was already called {times} on this path with these exact "
+        f"arguments, so it was not run again (limit {limit}). Earlier result:\n{earlier_result}"
+    )
+
+
+def pruned_call(
+    decision: LoopDecision,
+    *,
+    call_id: str,
+    raw_arguments: str,
+    arguments: object,
+    action: RepeatAction,
+    shadow: bool,
+    answer: str | None = None,
+) -> PrunedCall:
+    """The record of a caught call (not run unless ``shadow``)."""
+    return PrunedCall(
+        tool=decision.tool,
+        call_id=call_id,
+        raw_arguments=raw_arguments,
+        arguments=arguments,
+        signature=decision.signature,
+        count=decision.count,
+        limit=decision.limit,
+        limit_source=decision.limit_source,
+        action=action,
+        shadow=shadow,
+        earlier_node_ids=tuple(i for i in decision.earlier_node_ids if i is not None),
+        answer=answer,
+    )
+
+
+# -- one policy per tree or guard ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RepeatPolicy:
+    """The per-tool repeat settings of one tree or guard, resolved by the precedence above.
+
+    ``tools`` holds the tools' own settings; ``default_action`` is the action of
+    a tool that sets none. Immutable and thread-safe.
+    """
+
+    config: TreeConfig
+    tools: Mapping[str, ToolSettings] = field(default_factory=dict)
+    default_action: RepeatAction = "prune"
+    detector: LoopDetector = field(init=False, repr=False, compare=False)
+    _rules: Mapping[str, ToolRule] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        config = self.config
+        detector = LoopDetector(config.max_repeats_per_signature, file_limits=config.file_limits)
+        names = {*self.tools, *config.tool_limits}
+        rules = {name: self._merged(name) for name in names}
+        object.__setattr__(self, "detector", detector)
+        object.__setattr__(self, "_rules", rules)
+
+    def _merged(self, tool: str) -> ToolRule:
+        own = self.tools.get(tool)
+        return merge_rule(own.rule if own is not None else None, self.config.tool_limits.get(tool))
+
+    def limit(self, tool: str) -> tuple[int, LimitSource]:
+        """The limit of ``tool`` and where it comes from (file, tool or default)."""
+        own = self.tools.get(tool)
+        return self.detector.limit_for(tool, own.max_repeats if own is not None else None)
+
+    def action(self, tool: str) -> RepeatAction:
+        """What to do with a caught call of ``tool``."""
+        filed = self.config.tool_limits.get(tool)
+        if filed is not None and filed.on_repeat is not None:
+            return filed.on_repeat
+        own = self.tools.get(tool)
+        if own is not None and own.on_repeat is not None:
+            return own.on_repeat
+        return self.default_action
+
+    def rule(self, tool: str) -> ToolRule:
+        """The state-change and failure rule of ``tool``."""
+        found = self._rules.get(tool)
+        return found if found is not None else ToolRule()
+
+    def check(self, path: PathSignatures, key: CallKey) -> LoopDecision:
+        """The loop decision for a call on ``path`` (count, limit and its source, earlier calls)."""
+        own = self.tools.get(key.tool)
+        return self.detector.check_key(path, key, own.max_repeats if own is not None else None)
+
+    def is_failure(self, tool: str, result_text: str, *, raised: bool = False, status_error: bool = False) -> bool:
+        """:func:`is_failure` with ``tool``'s rule."""
+        return is_failure(self.rule(tool), result_text, raised=raised, status_error=status_error)
+
+    def state_change(self, tool: str, arguments: object, *, failed: bool) -> bool:
+        """True when a call that ran restarts the other counts on its path (never when it failed)."""
+        return not failed and changes_state(self.rule(tool), tool, arguments)
