@@ -424,3 +424,40 @@ def test_a_guard_given_the_bare_command_text_classifies_it() -> None:
     guard.record("bash", "echo y > a.txt", "")
     assert guard.check("bash", "cat a.txt").allowed
     assert not changes_state(SHELL, "bash", "ls -la")
+
+
+INGEST_CALLS = [i for i, (name, _, _) in enumerate(CALLS) if name in ("bash", "read_file")]  # default rules only
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(INGEST_CALLS), st.sampled_from(OUTCOMES)), max_size=12))
+def test_ingest_counts_a_trajectory_as_the_guard_does(tmp_path_factory: Any, steps: list[tuple[int, str]]) -> None:
+    """The same calls as another agent's trajectory: ingest's ordinals (default rules: the shell
+    classifier for bash, the default failure patterns) equal LoopGuard's and the definition's."""
+    import json
+
+    from treellm.store import ingest, open_store
+
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "task"}]
+    guard = LoopGuard(telemetry=False)
+    guard_ordinals = []
+    for k, (index, outcome) in enumerate(steps):
+        name, args, _ = CALLS[index]
+        text = "Error: boom" if outcome == "raise" else outcome_text(outcome)
+        messages.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"call_{k}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]})
+        messages.append({"role": "tool", "tool_call_id": f"call_{k}", "content": text})
+        decision = guard.check(name, args)
+        guard_ordinals.append(decision.ordinal)
+        guard.record(name, args, text)
+    folder = tmp_path_factory.mktemp("traj")
+    path = folder / "run.json"
+    path.write_text(json.dumps({"messages": messages}), encoding="utf-8")
+    db = folder / "t.duckdb"
+    ingest(db, [path])
+    con = open_store(db, read_only=True)
+    try:
+        stored = [r[0] for r in con.execute("SELECT ordinal FROM tool_calls ORDER BY start_ns, span_id").fetchall()]
+    finally:
+        con.close()
+    assert stored == guard_ordinals == naive_ordinals(steps)

@@ -60,6 +60,20 @@ def _current_limits(con: duckdb.DuckDBPyConnection, f: Filters) -> pd.DataFrame:
     ).df()
 
 
+def _afresh(con: duckdb.DuckDBPyConnection, f: Filters) -> dict[str, int]:
+    """Per tool: identical calls (same signature in the run as an earlier one) that a state
+    change between made count afresh (ordinal 1): re-runs after a write, not loops."""
+    where, params = f.where("c")
+    rows = con.execute(
+        f"""SELECT tool, count(*) FILTER (WHERE ordinal = 1 AND seen > 1) FROM (
+                SELECT c.tool, c.ordinal,
+                       row_number() OVER (PARTITION BY c.run_id, c.signature ORDER BY c.start_ns, c.span_id) AS seen
+                FROM ({CALLS_SQL}) c WHERE {where}) GROUP BY tool""",
+        params,
+    ).fetchall()
+    return {str(tool): int(count) for tool, count in rows}
+
+
 def _pruned_counts(con: duckdb.DuckDBPyConnection, f: Filters) -> pd.DataFrame:
     where, params = f.where("l")
     return con.execute(f"""SELECT l.tool, l.count FROM loop_events l WHERE NOT l.shadow AND {where}""", params).df()
@@ -224,6 +238,7 @@ def tuning_by_tool(
     limits = _current_limits(con, f)
     pruned = _pruned_counts(con, f)
     turns = _turn_summary(_turn_ends(con, f))
+    afresh = _afresh(con, f)
     rows: list[dict[str, Any]] = []
     item: Any
     for item in limits.itertuples(index=False):
@@ -261,6 +276,11 @@ def tuning_by_tool(
         reason += f"; limit {recommended} would end {ends} branch(es) (turns whose every call it prunes)"
         if unknown:
             reason += f"; {unknown} repeat(s) with no captured result left out"
+        if afresh.get(tool):
+            reason += (
+                f"; {afresh[tool]} identical call(s) came after a state change (a write, or a program that may "
+                "write) and counted afresh: needed re-runs, not loops, so they argue for no higher limit"
+            )
         rows.append(
             {"tool": tool, "current_max_repeats": current,
              "limit_source": item.limit_source if isinstance(item.limit_source, str) else ("default" if observed
