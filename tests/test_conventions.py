@@ -19,7 +19,12 @@ def test_a_tool_schema_is_never_taken_for_the_arguments() -> None:
         {"openinference.span.kind": "TOOL", "tool.name": "list_orders", "tool.parameters": SCHEMA,
          "input.value": '{"page": 2}', "output.value": "orders 3-4"},
     )  # fmt: skip
-    assert (span.role, span.tool_name, span.arguments, span.result) == ("tool", "list_orders", '{"page": 2}', "orders 3-4")
+    assert (span.role, span.tool_name, span.arguments, span.result) == (
+        "tool",
+        "list_orders",
+        '{"page": 2}',
+        "orders 3-4",
+    )
     only_schema = read_span("t", {"openinference.span.kind": "TOOL", "tool.name": "t", "tool.parameters": SCHEMA})
     assert only_schema.arguments is None
     smolagents_specs = json.dumps({"query": {"type": "string", "description": "What to search for."}})

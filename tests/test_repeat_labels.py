@@ -34,7 +34,9 @@ def judged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     ingest(db, files)
     con = open_store(db, read_only=True)
     try:
-        rows = con.execute("SELECT source, run_id, node_id FROM tool_calls ORDER BY source, start_ns, span_id").fetchall()
+        rows = con.execute(
+            "SELECT source, run_id, node_id FROM tool_calls ORDER BY source, start_ns, span_id"
+        ).fetchall()
         index: dict[tuple[str, str], tuple[str, int]] = {}
         seen: Counter[str] = Counter()
         for source, run_id, node_id in rows:

@@ -429,7 +429,9 @@ def test_a_guard_given_the_bare_command_text_classifies_it() -> None:
 INGEST_CALLS = [i for i, (name, _, _) in enumerate(CALLS) if name in ("bash", "read_file")]  # default rules only
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(st.lists(st.tuples(st.sampled_from(INGEST_CALLS), st.sampled_from(OUTCOMES)), max_size=12))
 def test_ingest_counts_a_trajectory_as_the_guard_does(tmp_path_factory: Any, steps: list[tuple[int, str]]) -> None:
     """The same calls as another agent's trajectory: ingest's ordinals (default rules: the shell
@@ -444,8 +446,15 @@ def test_ingest_counts_a_trajectory_as_the_guard_does(tmp_path_factory: Any, ste
     for k, (index, outcome) in enumerate(steps):
         name, args, _ = CALLS[index]
         text = "Error: boom" if outcome == "raise" else outcome_text(outcome)
-        messages.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": f"call_{k}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": f"call_{k}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+                ],
+            }
+        )
         messages.append({"role": "tool", "tool_call_id": f"call_{k}", "content": text})
         decision = guard.check(name, args)
         guard_ordinals.append(decision.ordinal)

@@ -803,14 +803,14 @@ def line_window(command: str) -> LineWindow | None:
         # a fallback list (``sed -n 'A,Bp' f 2>/dev/null || sed -n 'C,Dp' f``) shows the first
         # window when every alternative windows the same file
         parts = [p for p in (_pipeline_window(items[i : i + 1], directory) for i in range(0, len(items), 2)) if p]
-        if len(parts) * 2 - 1 == len(items) and all(i == "||" for i in items[1::2]):
-            if len({p.resource for p in parts}) == 1:
-                return parts[0]
+        one_file = len({p.resource for p in parts}) == 1
+        if len(parts) * 2 - 1 == len(items) and all(i == "||" for i in items[1::2]) and one_file:
+            return parts[0]
         return None
     return _pipeline_window(items, directory)
 
 
-def _pipeline_window(items: list[Any], directory: str) -> LineWindow | None:
+def _pipeline_window(items: list[tuple[str, ...] | str], directory: str) -> LineWindow | None:
     if any(isinstance(item, str) and item not in {"|", "|&"} for item in items):
         return None
     stages = [_stage(item) if isinstance(item, tuple) else None for item in items[::2]]

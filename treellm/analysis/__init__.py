@@ -18,7 +18,13 @@ from treellm.analysis.metrics import (
     shape_distribution,
     totals,
 )
-from treellm.analysis.near import classify_commands, classify_pair, near_repeat_pairs, near_repeats, near_repeats_by_tool
+from treellm.analysis.near import (
+    classify_commands,
+    classify_pair,
+    near_repeat_pairs,
+    near_repeats,
+    near_repeats_by_tool,
+)
 from treellm.analysis.repeats import repeats
 from treellm.analysis.report import report, tune
 from treellm.analysis.tuning import limits_toml, tuning_by_tool, what_if_by_tool_limit, wilson_interval

@@ -81,8 +81,10 @@ def _similar(a: str, b: str, similarity: float) -> bool:
     if min(len(x), len(y)) < 0.5 * max(len(x), len(y), 1):
         return False
     matcher = difflib.SequenceMatcher(None, x, y)
-    return matcher.real_quick_ratio() >= similarity and matcher.quick_ratio() >= similarity and (
-        matcher.ratio() >= similarity
+    return (
+        matcher.real_quick_ratio() >= similarity
+        and matcher.quick_ratio() >= similarity
+        and (matcher.ratio() >= similarity)
     )
 
 
@@ -175,9 +177,9 @@ def classify_commands(before: str, after: str, *, similarity: float = 0.85) -> s
     terms_b = [w for w in rest_b if not w.startswith("-")]
     if terms_a == terms_b:
         return "reworded"  # the same question with flags added, dropped or changed
-    if _program(a)[0] in _SEARCH_PROGRAMS and terms_a and terms_b:
-        if _similar(" ".join(terms_a), " ".join(terms_b), similarity):
-            return "reworded"  # the same search, its pattern reworded or widened
+    searching = _program(a)[0] in _SEARCH_PROGRAMS and terms_a and terms_b
+    if searching and _similar(" ".join(terms_a), " ".join(terms_b), similarity):
+        return "reworded"  # the same search, its pattern reworded or widened
     return None
 
 
@@ -238,8 +240,12 @@ def near_repeats(
         except orjson.JSONDecodeError:
             parsed = arguments
         same_turn = previous is not None and parent_id is not None and previous[6] == parent_id
-        if previous is not None and previous[0] == run_id and previous[1] == tool and previous[2] != sig and (
-            not same_turn
+        if (
+            previous is not None
+            and previous[0] == run_id
+            and previous[1] == tool
+            and previous[2] != sig
+            and (not same_turn)
         ):
             detail = _classify(tool, parsed_previous, parsed, shells, similarity)
             if detail is not None:

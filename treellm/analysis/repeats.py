@@ -41,9 +41,7 @@ def _earlier(raw: Any) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else []
 
 
-def judge_repeat(
-    *, status: str, result_hash: str | None, twins: list[tuple[str | None, str]]
-) -> tuple[str, str]:
+def judge_repeat(*, status: str, result_hash: str | None, twins: list[tuple[str | None, str]]) -> tuple[str, str]:
     """(outcome, reason) of one repeat from its status, its result hash and its earlier
     identical calls' ``(result_hash, status)``, oldest first (pure: the rule, in one place)."""
     if status == "failed":

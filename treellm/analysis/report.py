@@ -55,9 +55,7 @@ def tune(
     """``{"tools": [...]}``: per tool the current and recommended ``max_repeats``, verdict,
     samples, productive rate, whether a limit was observed, the branches the limit would end,
     the calls that drive a raise (with deep links) and the reason."""
-    frame = tuning_by_tool(
-        con, filters, tolerance=tolerance, min_samples=min_samples, min_productive=min_productive
-    )
+    frame = tuning_by_tool(con, filters, tolerance=tolerance, min_samples=min_samples, min_productive=min_productive)
     rows: list[Any] = list(frame.itertuples(index=False))
     tools = [
         {"tool": row.tool, "current_max_repeats": int(row.current_max_repeats),

@@ -340,7 +340,7 @@ def _verdict(
             advice = (
                 f"{count} repeat(s) were productive after another call of {tool} itself ({rate_with:.0%} productive "
                 f"with one, {rate_without:.0%} without): {tool} both reads and writes; give it a state-change rule "
-                f"(classifier = \"shell\" for a shell tool, else mutates_when on the arguments that write) instead "
+                f'(classifier = "shell" for a shell tool, else mutates_when on the arguments that write) instead '
                 "of a higher limit"
             )
         else:
