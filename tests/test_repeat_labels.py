@@ -112,3 +112,19 @@ def test_tune_does_not_advise_raising_bash_and_says_why(judged: dict[str, Any]) 
     assert bash["verdict"] != "raise"
     assert not bash["observed_limit"] and "no observed limit" in bash["reason"]
     assert "state change" in bash["reason"]  # the re-runs after writes are why the limit need not grow
+
+
+def test_tau_bench_never_raises_book_reservation_on_one_productive_repeat(tmp_path: Path) -> None:
+    """One re-booking after a cancel against nine identical failing retries is no case for a raise."""
+    source = Path(__file__).parent / "data" / "external" / "tau-bench-gpt-4o-airline-book-reservation.json"
+    db = tmp_path / "tau.duckdb"
+    ingest(db, [source])
+    con = open_store(db, read_only=True)
+    try:
+        tools = {t["tool"]: t for t in tune(con)["tools"]}
+    finally:
+        con.close()
+    book = tools["book_reservation"]
+    assert (book["samples"], round(book["productive_rate"] * book["samples"])) == (10, 1)
+    assert book["verdict"] != "raise" and book["recommended_max_repeats"] == 1
+    assert "too few productive repeats" in book["reason"]
