@@ -102,6 +102,7 @@ PUBLIC = {
         "configure",
         "OpenAICompatibleModel",
         "LoopGuard",
+        "MissingExtraError",
         "CallKey",
         "ConfigError",
         "LoopDecision",

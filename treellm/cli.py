@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from treellm._version import __version__
-from treellm.errors import ConfigError, TreeLLMError
+from treellm.errors import ConfigError, MissingExtraError, TreeLLMError, require_extra
 from treellm.signature import RawArguments, canonical_json, parse_arguments, signature
 
 
@@ -93,6 +93,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _dashboard_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], str]:
     import dashboard
 
+    require_extra("treellm dashboard", "dashboard", "streamlit", "plotly", "igraph")
+
     env = dict(os.environ)
     if getattr(args, "parquet", None):
         env["TREELLM_DASHBOARD_PARQUET"] = os.pathsep.join(str(Path(p).resolve()) for p in args.parquet)
@@ -119,6 +121,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_collect(args: argparse.Namespace) -> int:
+    if getattr(args, "missing_extra", None) is not None:
+        raise args.missing_extra
     from treellm.collector.command import run
 
     return int(run(args))
@@ -541,7 +545,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=8501, help="dashboard port (default %(default)s)")
     demo.set_defaults(func=_cmd_demo)
 
-    from treellm.collector.command import DESCRIPTION, EPILOG, add_arguments
+    try:
+        from treellm.collector.command import DESCRIPTION, EPILOG, add_arguments
+    except MissingExtraError as missing:  # the core install: the command says what to install
+        DESCRIPTION, EPILOG, error = str(missing), "", missing
+
+        def add_arguments(parser: argparse.ArgumentParser) -> None:
+            parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+            parser.set_defaults(missing_extra=error)
 
     collect = _command(
         sub,

@@ -4,6 +4,7 @@
 
     TreeLLMError
     ├── ConfigError            a setting or limits file is invalid (names the setting)
+    ├── MissingExtraError      a feature needs an optional extra that is not installed
     ├── ModelError             the chat model failed (HTTP status, transport, protocol)
     ├── ScriptExhaustedError   a ScriptedModel ran out of turns (a bug in the script: propagates)
     ├── ToolDefinitionError    a tool or skill is declared wrongly (names the tool)
@@ -21,12 +22,14 @@ from __future__ import annotations
 __all__ = [
     "ConfigError",
     "IngestError",
+    "MissingExtraError",
     "ModelError",
     "ScriptExhaustedError",
     "StoreBusyError",
     "StoreError",
     "ToolDefinitionError",
     "TreeLLMError",
+    "require_extra",
 ]
 
 
@@ -41,6 +44,31 @@ class ConfigError(TreeLLMError):
         super().__init__(message)
         self.setting = setting
         self.path = path
+
+
+class MissingExtraError(TreeLLMError, ImportError):
+    """A feature needs an optional extra (``pip install 'treellm[EXTRA]'``) that is missing.
+
+    Also an :class:`ImportError`, so code that probes for a feature with ``except
+    ImportError`` keeps working."""
+
+    def __init__(self, feature: str, extra: str, missing: str) -> None:
+        super().__init__(
+            f"{feature} needs the optional extra {extra!r} (missing module {missing!r}): "
+            f"pip install 'treellm[{extra}]'"
+        )
+        self.feature = feature
+        self.extra = extra
+        self.missing = missing
+
+
+def require_extra(feature: str, extra: str, *modules: str) -> None:
+    """Raise :class:`MissingExtraError` when one of ``modules`` cannot be imported."""
+    import importlib.util
+
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            raise MissingExtraError(feature, extra, module)
 
 
 class ModelError(TreeLLMError):

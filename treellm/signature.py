@@ -24,11 +24,15 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
+try:  # numpy speeds up djb2 of long texts; the core install works without it
+    import numpy as np
+except ImportError:  # pragma: no cover - exercised by the slim-install test
+    np = None  # type: ignore[assignment]
 
 __all__ = [
     "RawArguments",
@@ -233,16 +237,17 @@ def canonical_json(value: object) -> str:
 # ---------------------------------------------------------------------------
 
 _TABLE_SIZE = 4096
-# 33**i mod 2**32 for i = 0 .. _TABLE_SIZE, a constant table (never mutated).
-_POWERS = np.ones(_TABLE_SIZE + 1, dtype=np.uint32)
-for _i in range(1, _TABLE_SIZE + 1):
-    _POWERS[_i] = np.uint32((int(_POWERS[_i - 1]) * 33) & 0xFFFFFFFF)
-_REVERSED = _POWERS[:_TABLE_SIZE][::-1].copy()
 _SMALL = 24  # below this many code units a Python loop beats numpy's call overhead
 _DIGITS36 = "0123456789abcdefghijklmnopqrstuvwxyz"
+if np is not None:
+    # 33**i mod 2**32 for i = 0 .. _TABLE_SIZE, a constant table (never mutated).
+    _POWERS = np.ones(_TABLE_SIZE + 1, dtype=np.uint32)
+    for _i in range(1, _TABLE_SIZE + 1):
+        _POWERS[_i] = np.uint32((int(_POWERS[_i - 1]) * 33) & 0xFFFFFFFF)
+    _REVERSED = _POWERS[:_TABLE_SIZE][::-1].copy()
 
 
-def _djb2_units(units: np.ndarray[Any, np.dtype[np.uint32]]) -> int:
+def _djb2_units(units: Any) -> int:
     h = 5381
     for start in range(0, len(units), _TABLE_SIZE):
         chunk = units[start : start + _TABLE_SIZE]
@@ -252,19 +257,26 @@ def _djb2_units(units: np.ndarray[Any, np.dtype[np.uint32]]) -> int:
     return h
 
 
+def _djb2_loop(units: Any) -> int:
+    h = 5381
+    for unit in units:
+        h = (h * 33 + unit) & 0xFFFFFFFF
+    return h
+
+
 def djb2(text: str) -> int:
-    """djb2 (h = h * 33 + unit, mod 2**32, from 5381) over UTF-16 code units."""
+    """djb2 (h = h * 33 + unit, mod 2**32, from 5381) over UTF-16 code units (numpy for
+    long texts when it is installed, a Python loop otherwise: the same value)."""
     if text.isascii():
-        if len(text) < _SMALL:
-            h = 5381
-            for ch in text.encode("ascii"):
-                h = (h * 33 + ch) & 0xFFFFFFFF
-            return h
-        units = np.frombuffer(text.encode("ascii"), dtype=np.uint8).astype(np.uint32)
-    else:
-        raw = text.encode("utf-16-le", "surrogatepass")
-        units = np.frombuffer(raw, dtype="<u2").astype(np.uint32)
-    return _djb2_units(units)
+        data = text.encode("ascii")
+        if len(text) < _SMALL or np is None:
+            return _djb2_loop(data)
+        return _djb2_units(np.frombuffer(data, dtype=np.uint8).astype(np.uint32))
+    if np is None:  # native order, so that memoryview's "H" reads code units
+        native = "utf-16-le" if sys.byteorder == "little" else "utf-16-be"
+        return _djb2_loop(memoryview(text.encode(native, "surrogatepass")).cast("H"))
+    raw = text.encode("utf-16-le", "surrogatepass")
+    return _djb2_units(np.frombuffer(raw, dtype="<u2").astype(np.uint32))
 
 
 def _base36(n: int) -> str:

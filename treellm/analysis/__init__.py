@@ -6,6 +6,10 @@ tuning verdicts and near repeats, over a store connection (``treellm.store.open_
 or ``open_parquet``). Never imports the engine or streamlit.
 """
 
+from treellm.errors import require_extra
+
+require_extra('treellm.analysis', 'store', 'duckdb', 'pandas', 'tomli_w')
+
 from treellm.analysis.filters import Filters
 from treellm.analysis.metrics import (
     cost_by_tool,

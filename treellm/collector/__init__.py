@@ -54,6 +54,10 @@ beside this file), export each store to Parquet and report over all the folders.
 
 from typing import TYPE_CHECKING, Any
 
+from treellm.errors import require_extra
+
+require_extra('treellm.collector', 'collector', 'starlette', 'uvicorn', 'duckdb')
+
 from treellm.collector.config import CollectorConfig
 
 if TYPE_CHECKING:

@@ -42,6 +42,10 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, cast
 
+from treellm.errors import require_extra
+
+require_extra("OpenAICompatibleModel", "openai", "openai")
+
 import openai
 from openai.types.chat import (
     ChatCompletionChunk,

@@ -4,6 +4,10 @@
 ``open_parquet`` reads exported Parquet folders with the same tables and views.
 """
 
+from treellm.errors import require_extra
+
+require_extra('treellm.store', 'store', 'duckdb', 'pandas')
+
 from treellm.store.connection import default_db_path, open_parquet, open_store
 from treellm.store.exporter import DuckDBSpanExporter
 from treellm.store.ingest import BadRecord, FileReport, IngestReport, ingest, ingest_file
