@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.treellm-installed
 
-.PHONY: demo test lint bench install clean constraints browser js frameworks
+.PHONY: demo test lint bench install clean constraints browser js frameworks wheelhouse
 
 install: $(STAMP)
 
@@ -41,14 +41,23 @@ FW_STAMPS  := $(FRAMEWORKS:%=.venv-fw/%/.installed)
 
 frameworks: $(FW_STAMPS)
 
-.venv-fw/%/.installed: tests/frameworks/%/requirements.txt tests/frameworks/%/constraints.txt
+# Each also holds treellm's core install (no extras), for the adapters' tests.
+.venv-fw/%/.installed: tests/frameworks/%/requirements.txt tests/frameworks/%/constraints.txt pyproject.toml
 	rm -rf .venv-fw/$*
 	$(PYTHON) -m venv .venv-fw/$*
 	.venv-fw/$*/bin/python -m pip install --quiet --disable-pip-version-check \
-	  -r tests/frameworks/$*/requirements.txt -c tests/frameworks/$*/constraints.txt
+	  -r tests/frameworks/$*/requirements.txt -e . -c tests/frameworks/$*/constraints.txt
 	@touch $@
 
-test: $(STAMP) browser js frameworks
+# Wheels of treellm's dependencies (every extra), pinned: the slim-install test and the
+# install-size benchmark build fresh virtual environments from them offline.
+WHEELHOUSE := .wheelhouse/.complete
+wheelhouse: $(WHEELHOUSE)
+$(WHEELHOUSE): pyproject.toml constraints.txt | $(STAMP)
+	$(BIN)/python -m pip wheel --quiet --disable-pip-version-check -c constraints.txt -w .wheelhouse '.[all]'
+	@touch $@
+
+test: $(STAMP) browser js frameworks wheelhouse
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
@@ -68,4 +77,4 @@ constraints:
 	rm -rf .venv-pin
 
 clean:
-	rm -rf $(VENV) .venv-fw .pytest_cache .mypy_cache .ruff_cache tests/js/node_modules
+	rm -rf $(VENV) .venv-fw .wheelhouse .pytest_cache .mypy_cache .ruff_cache tests/js/node_modules
