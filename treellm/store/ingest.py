@@ -282,7 +282,8 @@ def _read_foreign(con: duckdb.DuckDBPyConnection, internal_tools: frozenset[str]
     """Read the new spans of other frameworks through their conventions; returns their traces."""
     rows = con.execute(
         "SELECT f.trace_id, f.span_id, f.name, f.status_code, map_keys(f.attributes), map_values(f.attributes), "
-        "       (SELECT list(e.name) FROM span_events e WHERE e.trace_id = f.trace_id AND e.span_id = f.span_id) "
+        "       (SELECT list(e.name) FROM span_events e WHERE e.trace_id = f.trace_id AND e.span_id = f.span_id "
+        "        AND NOT (e.name = 'loop:detected' AND coalesce(e.attributes['treellm.loop.shadow'], '') = 'true')) "
         "FROM fresh f WHERE f.run_id IS NULL AND f.node_kind IS NULL"
     ).fetchall()
     if not rows:
@@ -292,6 +293,9 @@ def _read_foreign(con: duckdb.DuckDBPyConnection, internal_tools: frozenset[str]
         facts = conventions.read_span(
             name, dict(zip(keys or (), values or (), strict=True)), status_code=status or 0, event_names=events or ()
         )
+        if facts.role == "tool" and _CAUGHT in (events or ()):
+            # an instrumentor's span of a call that LoopGuard caught: it did not run, the event says so
+            facts = conventions.ForeignSpan(role="other", family=facts.family)
         sig = digest = None
         internal = facts.tool_name in internal_tools if facts.tool_name else None
         failed = facts.failed or (
@@ -371,16 +375,17 @@ def _finish_foreign(con: duckdb.DuckDBPyConnection, internal: frozenset[str] | N
     frame = pd.DataFrame(
         [
             (p.trace_id, p.span_id, p.run_id, p.node_kind, p.node_parent_id, p.depth, p.ordinal,
-             json.dumps(list(p.earlier)) if p.earlier else None, p.orphan)
+             json.dumps(list(p.earlier)) if p.earlier else None, p.orphan, p.anchor)
             for p in placed
         ],
         columns=["trace_id", "span_id", "run_id", "node_kind", "node_parent_id", "node_depth", "ordinal",
-                 "earlier_node_ids", "orphan"],
+                 "earlier_node_ids", "orphan", "anchor_node_id"],
     ).astype({"node_depth": "Int64", "ordinal": "Int64"})  # fmt: skip
     con.register("run_updates", frame)
     con.execute(
         "UPDATE spans SET run_id = u.run_id, node_kind = u.node_kind, node_parent_id = u.node_parent_id, "
         "node_depth = u.node_depth, ordinal = u.ordinal, earlier_node_ids = u.earlier_node_ids, "
+        "anchor_node_id = u.anchor_node_id, "
         "orphan_parent = CASE WHEN u.orphan THEN coalesce(spans.orphan_parent, spans.parent_span_id, '') "
         "                     WHEN spans.parent_span_id IS NULL THEN spans.orphan_parent END "
         "FROM run_updates u WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id"
@@ -389,6 +394,7 @@ def _finish_foreign(con: duckdb.DuckDBPyConnection, internal: frozenset[str] | N
 
 
 _ROLES = {"execute_tool": "tool", "chat": "llm", "invoke_agent": "agent"}
+_CAUGHT = "loop:detected"
 
 
 def _keyed_from_parents(con: duckdb.DuckDBPyConnection, rows: list[Any]) -> list[Any]:

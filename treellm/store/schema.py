@@ -69,6 +69,7 @@ SPAN_COLUMNS: Final = (
     "earlier_node_ids",
     "convention",
     "internal",
+    "anchor_node_id",
 )
 
 _RAW_TABLES = """
@@ -307,10 +308,39 @@ LEFT JOIN node_counts c USING (run_id)
 LEFT JOIN prunes p USING (run_id);
 """
 
+# 0006: a caught call of another framework (LoopGuard annotating an instrumentor's spans)
+# hangs, as a ghost node, from the node that asked for it: the span that carries the
+# event when it is a node, else the think node current on its path (``anchor_node_id``).
+_GUARD_ANCHORS = """
+ALTER TABLE spans ADD COLUMN anchor_node_id VARCHAR;
+CREATE OR REPLACE VIEW loop_events AS
+SELECT
+    s.run_id, e.trace_id, e.span_id,
+    coalesce(e.attributes['treellm.node.id'], s.node_id,
+             CASE WHEN s.node_kind IS NOT NULL THEN s.span_id END, s.anchor_node_id) AS node_id,
+    e.time_ns,
+    e.attributes['treellm.loop.tool'] AS tool,
+    e.attributes['treellm.loop.signature'] AS signature,
+    e.attributes['treellm.loop.call_id'] AS call_id,
+    TRY_CAST(e.attributes['treellm.loop.count'] AS INTEGER) AS count,
+    TRY_CAST(e.attributes['treellm.loop.limit'] AS INTEGER) AS "limit",
+    e.attributes['treellm.loop.limit_source'] AS limit_source,
+    e.attributes['treellm.loop.action'] AS action,
+    coalesce(TRY_CAST(e.attributes['treellm.loop.shadow'] AS BOOLEAN), false) AS shadow,
+    e.attributes['treellm.loop.arguments'] AS arguments,
+    e.attributes['treellm.loop.earlier_node_ids'] AS earlier_node_ids_raw,
+    e.attributes['treellm.loop.earlier_span_ids'] AS earlier_span_ids_raw,
+    s.service_name, s.agent_name, s.model, s.day, s.skill_stack
+FROM span_events e
+JOIN spans s USING (trace_id, span_id)
+WHERE e.name = 'loop:detected';
+"""
+
 MIGRATIONS: Final[tuple[tuple[str, str], ...]] = (
     ("0001_raw_tables", _RAW_TABLES),
     ("0002_views", _VIEWS),
     ("0003_earlier_calls", _EARLIER_CALLS),
     ("0004_foreign_trees", _FOREIGN_TREES),
     ("0005_metric_points", METRIC_POINTS_SQL),
+    ("0006_guard_anchors", _GUARD_ANCHORS),
 )

@@ -96,7 +96,8 @@ _PROMOTED = f"""
     a['{sc.INGEST_ORPHAN_PARENT}'] AS orphan_parent,
     treellm_list(a['{sc.TOOL_EARLIER_NODE_IDS}']) AS earlier_node_ids,
     CAST(NULL AS VARCHAR) AS convention,
-    CAST(NULL AS BOOLEAN) AS internal
+    CAST(NULL AS BOOLEAN) AS internal,
+    CAST(NULL AS VARCHAR) AS anchor_node_id
 """
 
 

@@ -66,6 +66,9 @@ class Placement:
     ordinal: int | None
     earlier: tuple[str, ...]
     orphan: bool
+    anchor: str | None = None
+    """For a span that is not a node: the think node current on its run when it started
+    (a caught call's event on it hangs there)."""
 
 
 def _chain(span: SpanFacts, by_id: dict[str, SpanFacts]) -> list[SpanFacts]:
@@ -179,6 +182,13 @@ def place_trace(spans: Sequence[SpanFacts]) -> list[Placement]:
             base_parent = max(current, key=lambda s: _order(by_id[s])) if current else None
         placed.update(_place_path(paths[scope], base_parent))
 
+    thinks = sorted((by_id[s] for s, node in placed.items() if node[0] == "think"), key=_order)
+
+    def anchor_of(span: SpanFacts) -> str | None:
+        root = run[span.span_id].span_id
+        current = [t for t in thinks if run[t.span_id].span_id == root and t.start_ns <= span.start_ns]
+        return current[-1].span_id if current else None
+
     out: list[Placement] = []
     for span in spans:
         kind, parent, depth, ordinal, earlier = placed.get(span.span_id, (None, None, None, None, ()))
@@ -193,6 +203,7 @@ def place_trace(spans: Sequence[SpanFacts]) -> list[Placement]:
                 ordinal=ordinal,
                 earlier=earlier,
                 orphan=orphan[span.span_id] and span.span_id not in root_ids,
+                anchor=anchor_of(span) if kind is None else None,
             )
         )
     return out
