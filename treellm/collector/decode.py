@@ -12,14 +12,15 @@ Contract:
 - A body that cannot be decoded at all (not protobuf / not JSON, the request's
   structure is wrong: ``resourceSpans`` not a list, a resource or scope of the wrong
   shape) raises :class:`BadRequest` (HTTP 400, never retried). A span that decodes
-  but cannot be stored is rejected alone (HTTP 200 with ``partial_success``): a trace or
-  span id of the wrong size or all zero, a kind outside 0-5, a status code outside 0-2,
-  a time above the int64 range, a field of the wrong JSON type, an attribute value
-  nested too deep. Whatever is accepted is ingestable: the journal never holds a line
-  the store would refuse.
-- Protobuf is parsed and checked here, then converted by
-  :func:`~treellm.store.formats.otlp_proto.proto_to_traces_data`; JSON is rebuilt field by field by
-  :mod:`treellm.collector.otlp_json` (the OTLP/JSON rules are listed there).
+  but cannot be stored is rejected alone (HTTP 200 with ``partial_success``, the count
+  and the first reasons, each naming the span and its field). Both encodings are judged
+  by the one validator, :func:`treellm.otlp.normalize_traces_data` (its docstring lists
+  the rules: ids, times, kinds, status codes, the all-zero parent as no parent, duplicate
+  attribute keys kept last-wins and recorded); whatever is accepted is ingestable: the
+  journal never holds a line the store would refuse.
+- Protobuf is parsed here and converted field by field to raw OTLP/JSON by
+  :func:`~treellm.store.formats.otlp_proto.raw_traces_data`; JSON is parsed; both are then
+  rebuilt by :mod:`treellm.collector.otlp_json`.
 - A request's spans become lines of at most :data:`LINE_SPANS` spans and
   :data:`LINE_BYTES` bytes (the ingester reads lines of up to 64 MiB; smaller lines keep
   its memory low). A single span above :data:`LINE_BYTES` once encoded is rejected.
@@ -35,20 +36,19 @@ Contract:
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 import orjson
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
-from google.protobuf.unknown_fields import UnknownFieldSet  # type: ignore[import-untyped]
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from treellm.collector.errors import BadRequest, PayloadTooLarge
 from treellm.collector.otlp_json import JsonObject, normalize_request
 from treellm.errors import IngestError
 from treellm.otlp import json_line
-from treellm.store.formats.otlp_proto import proto_to_traces_data
+from treellm.store.formats.otlp_proto import raw_traces_data
 from treellm.store.metrics import (
     metrics_request_from_json,
     metrics_request_from_protobuf,
@@ -73,12 +73,6 @@ Encoding = Literal["protobuf", "json"]
 LINE_SPANS: Final = 1000
 LINE_BYTES: Final = 16 * 1024 * 1024
 MAX_REASONS: Final = 5
-
-_INT64_MAX: Final = 2**63 - 1
-_MAX_KIND: Final = 5  # SPAN_KIND_CONSUMER
-_MAX_STATUS: Final = 2  # STATUS_CODE_ERROR
-_ZERO_TRACE: Final = bytes(16)
-_ZERO_SPAN: Final = bytes(8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,70 +124,15 @@ def _finish(docs: list[JsonObject], total: int, rejected: int, reasons: list[str
 
 
 def decode_protobuf(body: bytes) -> Decoded:
-    """An ``application/x-protobuf`` body: a serialized ``ExportTraceServiceRequest``."""
+    """An ``application/x-protobuf`` body: a serialized ``ExportTraceServiceRequest``, converted
+    field by field to raw OTLP/JSON and then checked by the same validator as the JSON path."""
     try:
         request = ExportTraceServiceRequest.FromString(body)
     except DecodeError as exc:
         raise BadRequest(f"not a protobuf ExportTraceServiceRequest: {exc}") from None
-    total = 0
-    reasons: list[str] = []
-    rejected = 0
-    for r, resource_spans in enumerate(request.resource_spans):
-        for s, scope_spans in enumerate(resource_spans.scope_spans):
-            spans = scope_spans.spans
-            total += len(spans)
-            bad = []
-            for i, span in enumerate(spans):
-                problem = _proto_span_problem(span)
-                if problem is not None:
-                    bad.append(i)
-                    _note(reasons, f"resourceSpans[{r}].scopeSpans[{s}].spans[{i}].{problem}")
-            for i in reversed(bad):
-                del spans[i]
-            rejected += len(bad)
-    if rejected or len(UnknownFieldSet(request)):
-        request.DiscardUnknownFields()  # ignored, as proto3 says (the converter refuses unknown top-level fields)
-        body = request.SerializeToString()
-    try:
-        docs = [doc for doc in proto_to_traces_data(body, path="request") if _has_spans(doc)]
-    except IngestError as exc:  # our checks above let through something the converter refuses
-        raise BadRequest(exc.reason) from None
-    return _finish(docs, total, rejected, reasons)
-
-
-def _proto_span_problem(span: Any) -> str | None:
-    """Why a protobuf ``Span`` cannot be stored, or None."""
-    trace_id = span.trace_id
-    if len(trace_id) != 16 or trace_id == _ZERO_TRACE:
-        return f"traceId: expected 16 bytes, not all zero, got {_shown(trace_id)}"
-    span_id = span.span_id
-    if len(span_id) != 8 or span_id == _ZERO_SPAN:
-        return f"spanId: expected 8 bytes, not all zero, got {_shown(span_id)}"
-    parent = span.parent_span_id
-    if parent and len(parent) != 8 and any(parent):
-        return f"parentSpanId: expected 8 bytes, got {len(parent)}"
-    if not 0 <= span.kind <= _MAX_KIND:
-        return f"kind: expected 0-{_MAX_KIND}, got {span.kind}"
-    if span.start_time_unix_nano > _INT64_MAX or span.end_time_unix_nano > _INT64_MAX:
-        return "startTimeUnixNano/endTimeUnixNano: above the int64 range"
-    if not 0 <= span.status.code <= _MAX_STATUS:
-        return f"status.code: expected 0-{_MAX_STATUS}, got {span.status.code}"
-    for i, link in enumerate(span.links):
-        if len(link.trace_id) != 16 or link.trace_id == _ZERO_TRACE:
-            return f"links[{i}].traceId: expected 16 bytes, not all zero"
-        if len(link.span_id) != 8 or link.span_id == _ZERO_SPAN:
-            return f"links[{i}].spanId: expected 8 bytes, not all zero"
-    return None
-
-
-def _shown(value: bytes) -> str:
-    if not value:
-        return "none"
-    return value.hex() if len(value) <= 32 else f"{len(value)} bytes"
-
-
-def _has_spans(doc: JsonObject) -> bool:
-    return any(ss["spans"] for rs in doc["resourceSpans"] for ss in rs["scopeSpans"])
+    normalized = normalize_request(raw_traces_data(request), max_reasons=MAX_REASONS)
+    docs = [normalized.traces_data] if normalized.traces_data is not None else []
+    return _finish(docs, normalized.total, normalized.rejected, list(normalized.reasons))
 
 
 # --- JSON -----------------------------------------------------------------------------------------------
@@ -292,45 +231,74 @@ def _encode(doc: JsonObject) -> Iterator[tuple[bytes | None, int]]:
 # --- content coding -------------------------------------------------------------------------------------
 
 
-def decompress(data: bytes, coding: Literal["identity", "gzip", "deflate"], limit: int) -> bytes:
-    """``data`` decoded from its HTTP content coding, never holding more than ``limit + 1`` bytes."""
+def decompress(
+    data: bytes,
+    coding: Literal["identity", "gzip", "deflate"],
+    limit: int,
+    *,
+    inflater: Callable[[int], zlib._Decompress] = zlib.decompressobj,
+) -> bytes:
+    """``data`` decoded from its HTTP content coding, never holding more than ``limit + 1`` bytes.
+
+    The work is linear in ``len(data)`` whatever the number of gzip members (see
+    :func:`_inflate`). ``inflater(wbits)`` makes each member's decompressor (a seam: tests
+    count the bytes it is fed).
+    """
     if coding == "identity":
         if len(data) > limit:
             raise PayloadTooLarge(f"the body is above the {limit}-byte limit", limit=limit)
         return data
     wbits = 16 + zlib.MAX_WBITS if coding == "gzip" else zlib.MAX_WBITS
     try:
-        return _inflate(data, wbits, limit, coding)
+        return _inflate(data, wbits, limit, coding, inflater=inflater)
     except zlib.error as exc:
         if coding == "deflate":  # some clients send raw deflate instead of the zlib format HTTP names
             try:
-                return _inflate(data, -zlib.MAX_WBITS, limit, coding)
+                return _inflate(data, -zlib.MAX_WBITS, limit, coding, inflater=inflater)
             except zlib.error:
                 pass
         raise BadRequest(f"corrupt {coding} body: {exc}") from None
 
 
-def _inflate(data: bytes, wbits: int, limit: int, coding: str) -> bytes:
+def _inflate(data: bytes, wbits: int, limit: int, coding: str, *, inflater: Callable[[int], zlib._Decompress]) -> bytes:
+    """Inflate ``data`` (gzip: member after member) in windows of the input, never re-slicing it.
+
+    zlib copies the input left over at the end of a member (``unused_data``) and the input
+    left when the output limit stops it (``unconsumed_tail``): handing it the whole rest of
+    the body made a body of many small members cost the square of its size (4 MiB of empty
+    members: 30 s). Each member is instead fed windows of a memoryview that start at 256
+    bytes and double up to 64 KiB, so what zlib copies is bounded by the member's own size
+    (plus 256 bytes): the work is linear in the body, and a large member is still read in
+    64 KiB steps.
+    """
+    first_window, last_window = 256, 64 * 1024
+    source = memoryview(data)
     out = bytearray()
-    pending = data
-    inflater = zlib.decompressobj(wbits)
+    position = 0  # the first byte not yet given to the inflater
+    window = first_window
+    stream = inflater(wbits)
+    pending: bytes | memoryview = b""  # given to the inflater, not consumed: source[position - len(pending):position]
     while True:
-        out += inflater.decompress(pending, limit + 1 - len(out))
+        if not pending:
+            if position == len(data):
+                out += stream.flush()
+                if len(out) > limit:
+                    raise PayloadTooLarge(f"the body is above the {limit}-byte limit once decompressed", limit=limit)
+                if not stream.eof:
+                    raise BadRequest(f"truncated {coding} body: the stream ends early")
+                return bytes(out)
+            pending = source[position : position + window]
+            position += len(pending)
+            window = min(window * 2, last_window)
+        out += stream.decompress(pending, limit + 1 - len(out))
         if len(out) > limit:
             raise PayloadTooLarge(f"the body is above the {limit}-byte limit once decompressed", limit=limit)
-        if inflater.eof:
-            pending = inflater.unused_data
-            if not pending:
+        if stream.eof:
+            position -= len(stream.unused_data)  # the next member starts there
+            if position == len(data):
                 return bytes(out)
             if coding != "gzip":
-                raise BadRequest(f"{len(pending)} byte(s) after the end of the {coding} stream")
-            inflater = zlib.decompressobj(wbits)  # gzip allows several members one after the other
+                raise BadRequest(f"{len(data) - position} byte(s) after the end of the {coding} stream")
+            stream, pending, window = inflater(wbits), b"", first_window  # gzip allows members one after another
             continue
-        pending = inflater.unconsumed_tail
-        if not pending:
-            out += inflater.flush()
-            if len(out) > limit:
-                raise PayloadTooLarge(f"the body is above the {limit}-byte limit once decompressed", limit=limit)
-            if not inflater.eof:
-                raise BadRequest(f"truncated {coding} body: the stream ends early")
-            return bytes(out)
+        pending = stream.unconsumed_tail

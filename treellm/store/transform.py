@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from treellm.otlp.validate import validate_sql
 from treellm.telemetry import conventions as conv
 from treellm.telemetry import semconv as sc
 
@@ -154,12 +155,6 @@ FROM flat
 """
 
 
-VALIDATE_SQL: Final = """
-SELECT trace_id, span_id, name, start_ns, end_ns FROM stage
-WHERE trace_id IS NULL OR span_id IS NULL OR name IS NULL OR start_ns IS NULL OR end_ns IS NULL
-   OR NOT regexp_full_match(trace_id, '[0-9a-f]{32}') OR NOT regexp_full_match(span_id, '[0-9a-f]{16}')
-   OR (parent_span_id IS NOT NULL AND NOT regexp_full_match(parent_span_id, '[0-9a-f]{16}'))
-   OR trace_id = '00000000000000000000000000000000' OR span_id = '0000000000000000'
-   OR kind NOT BETWEEN 0 AND 5 OR status_code NOT BETWEEN 0 AND 2
-LIMIT 1
-"""
+VALIDATE_SQL: Final = validate_sql("stage")
+"""A row of the stage that breaks a rule of :mod:`treellm.otlp.validate`, generated from its rule
+table (never written here): any row sends the file through the one validator, which decides."""

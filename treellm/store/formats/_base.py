@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from treellm.errors import IngestError
+from treellm.otlp import StructureError, normalize_traces_data
 from treellm.telemetry import semconv as sc
 
 if TYPE_CHECKING:
@@ -105,6 +106,21 @@ def sequence(value: object, what: str) -> list[Any]:
     if not isinstance(value, list):
         raise Malformed(f"{what}: expected a list, got {kind_of(value)}")
     return value
+
+
+def checked(index: int, doc: JsonObject, *, path: str, line: int | None = None) -> Iterator[Record | IngestError]:
+    """One record's ``TracesData`` through the one validator (:func:`treellm.otlp.normalize_traces_data`):
+    the record with its good spans (none when it has none), then an ``IngestError`` naming each
+    rejected span and its field; a document of the wrong structure is one ``IngestError``."""
+    try:
+        normalized = normalize_traces_data(doc, max_reasons=None)
+    except StructureError as exc:
+        yield IngestError(str(exc), path=path, line=line, record=index)
+        return
+    if normalized.traces_data is not None:
+        yield Record(index, normalized.traces_data)
+    for reason in normalized.reasons:
+        yield IngestError(reason, path=path, line=line, record=index)
 
 
 def with_schema(out: JsonObject, schema_url: str) -> JsonObject:

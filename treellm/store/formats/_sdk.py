@@ -28,6 +28,7 @@ from treellm.store.formats._base import (
     JsonObject,
     Malformed,
     Record,
+    checked,
     kind_of,
     mapping,
     sequence,
@@ -62,15 +63,19 @@ def traces_data(spans: Iterable[SdkSpan], known: set[tuple[str, str]]) -> JsonOb
     return {"resourceSpans": [resource_spans for resource_spans, _ in groups.values()]}
 
 
-def span_records(items: list[SdkSpan | IngestError]) -> Iterator[Record | IngestError]:
-    """One record per span (its own ``TracesData``) and the bad ones in between, in file order.
+def span_records(items: list[SdkSpan | IngestError], *, path: str) -> Iterator[Record | IngestError]:
+    """One record per span (its own ``TracesData``, through the one validator) and the bad ones
+    in between, in file order.
 
     Parents are looked up among all the good spans of the file, so a span keeps its parent
     whichever record holds it.
     """
     known = {(s.trace_id, s.span_id) for s in items if isinstance(s, SdkSpan)}
     for index, item in enumerate(items):
-        yield item if isinstance(item, IngestError) else Record(index, traces_data([item], known))
+        if isinstance(item, IngestError):
+            yield item
+        else:
+            yield from checked(index, traces_data([item], known), path=path)
 
 
 @dataclass(frozen=True, slots=True)

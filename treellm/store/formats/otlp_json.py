@@ -4,7 +4,9 @@ One (possibly pretty-printed) ``TracesData`` object, several of them one after t
 or a JSON list of them; each object is one record. Detection: the first object (or the
 first object of a top-level list) has a ``resourceSpans`` key before any key that decides
 another format. A document that is not JSON ends the file (its line is named); an item that
-is not a ``TracesData`` object is a bad record, and the records after it are still read.
+is not a ``TracesData`` object is a bad record, and the records after it are still read; each
+document goes through the one validator (:func:`treellm.otlp.normalize_traces_data`), so a
+bad span is reported alone and the rest of its document kept.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Iterator
 from typing import Final
 
 from treellm.errors import IngestError
-from treellm.store.formats._base import Record, decode_text, kind_of
+from treellm.store.formats._base import Record, checked, decode_text, kind_of
 from treellm.store.formats._sniff import Sample, Verdict
 
 NAME: Final = "otlp-json"
@@ -50,7 +52,7 @@ def convert(data: bytes, *, path: str) -> Iterator[Record | IngestError]:
             return
         for item in obj if isinstance(obj, list) else [obj]:
             if isinstance(item, dict) and isinstance(item.get("resourceSpans"), list):
-                yield Record(index, item)
+                yield from checked(index, item, path=path)
             else:
                 yield IngestError(
                     f"expected an OTLP/JSON TracesData object (with resourceSpans), got {kind_of(item)}",

@@ -10,7 +10,8 @@ integer) which represent the number of bytes contained in the encoded object", a
 decided per file: when the 4-byte big-endian prefixes tile the data and the first frame
 parses, the file is framed (a truncated last frame is reported by its index); otherwise it
 is one message. Each message is one record. Ids become hex (not protobuf JSON's base64),
-``bytesValue`` base64, enums integers.
+``bytesValue`` base64, enums integers; every message then goes through the one validator
+(:func:`treellm.otlp.normalize_traces_data`): a bad span is reported alone, the rest kept.
 
 Detection comes after every JSON reading (a bare message starts with 0x0a, which a JSON
 sniffer skips as whitespace): the file starts with a bare ``TracesData`` whose first
@@ -29,7 +30,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, TracesData
 
 from treellm.errors import IngestError
 from treellm.otlp import any_value
-from treellm.store.formats._base import JsonObject, Malformed, Record, with_schema
+from treellm.store.formats._base import JsonObject, Record, checked, with_schema
 from treellm.store.formats._sniff import NeedBytes, Sample, Verdict
 
 NAME: Final = "otlp-proto"
@@ -66,27 +67,37 @@ def sniff(sample: Sample) -> Verdict:
 
 
 def convert(data: bytes, *, path: str) -> Iterator[Record | IngestError]:
-    """Each message of ``data`` as a record; a corrupt one is the last item."""
+    """Each message of ``data`` as a record (its good spans), each rejected span reported
+    after it (:func:`~treellm.store.formats._base.checked`); a corrupt message is the last item."""
     try:
-        for index, doc in enumerate(proto_to_traces_data(data, path=path)):
-            yield Record(index, doc)
+        for index, message in _proto_messages(data, path=path):
+            yield from checked(index, raw_traces_data(message), path=path)
     except IngestError as exc:
         yield exc
 
 
 def proto_to_traces_data(data: bytes, *, path: str) -> Iterator[dict[str, Any]]:
-    """OTLP/JSON ``TracesData`` for each protobuf message in ``data``, in order.
+    """OTLP/JSON ``TracesData`` (canonical, :func:`treellm.otlp.normalize_traces_data`) for each
+    protobuf message in ``data``, in order.
 
     ``data`` is one serialized ``TracesData`` / ``ExportTraceServiceRequest`` or the
     Collector file exporter's 4-byte big-endian length-prefixed messages (see the module
-    docstring). A truncated or corrupt message raises :class:`IngestError` with its index
-    as ``record``, after the messages before it were yielded.
+    docstring). A truncated or corrupt message, or a span the validator rejects, raises
+    :class:`IngestError` with the message's index as ``record``, after the messages before
+    it were yielded.
     """
     for index, message in _proto_messages(data, path=path):
-        try:
-            yield _traces_data_json(message)
-        except Malformed as exc:
-            raise IngestError(str(exc), path=path, record=index) from None
+        for item in checked(index, raw_traces_data(message), path=path):
+            if isinstance(item, IngestError):
+                raise item
+            yield item.traces_data
+
+
+def raw_traces_data(message: Any) -> JsonObject:
+    """A protobuf ``TracesData`` / ``ExportTraceServiceRequest`` as raw OTLP/JSON, field by field
+    and unchecked (ids hex whatever their length, times as decimal text whatever their size):
+    :func:`treellm.otlp.normalize_traces_data` decides what is valid, for every road alike."""
+    return _traces_data_json(message)
 
 
 def _parse_traces_data(payload: bytes) -> tuple[Any, str]:
@@ -145,11 +156,7 @@ def _proto_messages(data: bytes, *, path: str) -> Iterator[tuple[int, Any]]:
         raise IngestError(broken[1], path=path, record=broken[0])
 
 
-def _hex_id(value: bytes, size: int, what: str) -> str:
-    if len(value) != size:
-        raise Malformed(f"{what} has {len(value)} bytes, expected {size}")
-    if not any(value):
-        raise Malformed(f"{what} is all zero")
+def _hex_id(value: bytes) -> str:
     return value.hex()
 
 
@@ -182,15 +189,15 @@ def _with_dropped(out: JsonObject, key: str, count: int) -> JsonObject:
     return out
 
 
-def _proto_span(span: Any, where: str) -> JsonObject:
+def _proto_span(span: Any) -> JsonObject:
     out: JsonObject = {
-        "traceId": _hex_id(span.trace_id, 16, f"{where}.traceId"),
-        "spanId": _hex_id(span.span_id, 8, f"{where}.spanId"),
+        "traceId": _hex_id(span.trace_id),
+        "spanId": _hex_id(span.span_id),
     }
     if span.trace_state:
         out["traceState"] = span.trace_state
-    if span.parent_span_id and any(span.parent_span_id):
-        out["parentSpanId"] = _hex_id(span.parent_span_id, 8, f"{where}.parentSpanId")
+    if span.parent_span_id:
+        out["parentSpanId"] = _hex_id(span.parent_span_id)
     out["flags"] = span.flags
     out["name"] = span.name
     out["kind"] = span.kind
@@ -211,7 +218,7 @@ def _proto_span(span: Any, where: str) -> JsonObject:
         for e in span.events
     ]
     _with_dropped(out, "droppedEventsCount", span.dropped_events_count)
-    out["links"] = [_proto_link(link, f"{where}.links[{i}]") for i, link in enumerate(span.links)]
+    out["links"] = [_proto_link(link) for link in span.links]
     _with_dropped(out, "droppedLinksCount", span.dropped_links_count)
     status: JsonObject = {"code": span.status.code}
     if span.status.message:
@@ -220,10 +227,10 @@ def _proto_span(span: Any, where: str) -> JsonObject:
     return out
 
 
-def _proto_link(link: Any, where: str) -> JsonObject:
+def _proto_link(link: Any) -> JsonObject:
     out: JsonObject = {
-        "traceId": _hex_id(link.trace_id, 16, f"{where}.traceId"),
-        "spanId": _hex_id(link.span_id, 8, f"{where}.spanId"),
+        "traceId": _hex_id(link.trace_id),
+        "spanId": _hex_id(link.span_id),
         "attributes": _proto_attributes(link.attributes),
         "flags": link.flags,
     }
@@ -246,7 +253,7 @@ def _proto_scope(scope_spans: Any) -> JsonObject:
 
 def _traces_data_json(message: Any) -> JsonObject:
     resource_spans = []
-    for r, rs in enumerate(message.resource_spans):
+    for rs in message.resource_spans:
         resource = _with_dropped(
             {"attributes": _proto_attributes(rs.resource.attributes)},
             "droppedAttributesCount",
@@ -256,14 +263,11 @@ def _traces_data_json(message: Any) -> JsonObject:
             with_schema(
                 {
                     "scope": _proto_scope(ss),
-                    "spans": [
-                        _proto_span(span, f"resourceSpans[{r}].scopeSpans[{s}].spans[{i}]")
-                        for i, span in enumerate(ss.spans)
-                    ],
+                    "spans": [_proto_span(span) for span in ss.spans],
                 },
                 ss.schema_url,
             )
-            for s, ss in enumerate(rs.scope_spans)
+            for ss in rs.scope_spans
         ]
         resource_spans.append(with_schema({"resource": resource, "scopeSpans": scope_spans}, rs.schema_url))
     return {"resourceSpans": resource_spans}

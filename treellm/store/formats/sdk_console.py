@@ -51,7 +51,7 @@ def convert(data: bytes, *, path: str) -> Iterator[Record | IngestError]:
     except IngestError as exc:
         yield exc
         return
-    yield from span_records(list(_objects(text, path=path)))
+    yield from span_records(list(_objects(text, path=path)), path=path)
 
 
 def _objects(text: str, *, path: str) -> Iterator[SdkSpan | IngestError]:

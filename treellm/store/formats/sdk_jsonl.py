@@ -45,7 +45,7 @@ def convert(data: bytes, *, path: str) -> Iterator[Record | IngestError]:
     for number, line in enumerate(text.split("\n"), start=1):
         if line.strip():
             items.append(_line_span(line, number, len(items), path=path))
-    yield from span_records(items)
+    yield from span_records(items, path=path)
 
 
 def _line_span(line: str, number: int, index: int, *, path: str) -> SdkSpan | IngestError:

@@ -35,6 +35,7 @@ from treellm.store.formats._base import (
     JsonObject,
     Malformed,
     Record,
+    checked,
     kind_of,
     load_json,
     mapping,
@@ -84,9 +85,11 @@ def convert(data: bytes, *, path: str) -> Iterator[Record | IngestError]:
         return
     for index, run in enumerate(runs):
         try:
-            yield Record(index, _trajectory_document(_checked_run_spans(run, index, agent=agent, path=path), agent))
+            spans = _checked_run_spans(run, index, agent=agent, path=path)
         except IngestError as exc:
             yield exc
+        else:
+            yield from checked(index, _trajectory_document(spans, agent), path=path)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,220 @@
+"""Ingest of a batched OTLP JSONL file (the OpenTelemetry Collector's file exporter), beside DuckDB's floor.
+
+Run: .venv/bin/python benchmarks/bench_ingest_batched.py [--spans 300000] [--keep DIR]
+
+The Collector's file exporter writes one ``TracesData`` per export batch: 50-100 spans per
+line, each with its resource and scope. Measured in one run, on the same file:
+
+- the floor: DuckDB ``read_ndjson_objects`` of the file into an untransformed table;
+- the whole ``treellm ingest`` command (a subprocess, at the default
+  ``TREELLM_INGEST_MEMORY_LIMIT``) and its peak RSS (``VmHWM`` from ``/proc``);
+- the same ingest in process, split into the placement of other frameworks' spans
+  (conventions, runs, trees) and the rest (read, stage, check, insert, commit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import duckdb
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOLS = ("read_file", "grep", "run_tests", "web_search", "fetch_url", "list_dir")
+
+
+def _attr(key: str, value: object) -> dict[str, object]:
+    if isinstance(value, bool):
+        return {"key": key, "value": {"boolValue": value}}
+    if isinstance(value, int):
+        return {"key": key, "value": {"intValue": str(value)}}
+    if isinstance(value, float):
+        return {"key": key, "value": {"doubleValue": value}}
+    return {"key": key, "value": {"stringValue": str(value)}}
+
+
+def _span(ids: tuple[str, str, str | None], index: int, start: int, rng: random.Random) -> dict[str, object]:
+    """A span as an instrumented agent framework writes it (GenAI and OpenInference attributes)."""
+    trace, span_id, parent = ids
+    role = "agent" if parent is None else ("llm" if index % 3 == 1 else "tool")
+    attrs = [_attr("session.id", trace[:12]), _attr("thread.id", rng.randrange(1, 9))]
+    if role == "agent":
+        name = "invoke_agent support-bot"
+        attrs += [_attr("gen_ai.operation.name", "invoke_agent"), _attr("gen_ai.agent.name", "support-bot"),
+                  _attr("input.value", json.dumps({"messages": [{"role": "user", "content": "z" * 120}]}))]  # fmt: skip
+    elif role == "llm":
+        name = "chat gpt-4o-mini"
+        attrs += [
+            _attr("gen_ai.operation.name", "chat"),
+            _attr("gen_ai.request.model", "gpt-4o-mini"),
+            _attr("gen_ai.usage.input_tokens", rng.randrange(200, 4000)),
+            _attr("gen_ai.usage.output_tokens", rng.randrange(10, 400)),
+            _attr("gen_ai.request.temperature", 0.2),
+            _attr("llm.output_messages", "y" * rng.randrange(100, 600)),
+        ]
+    else:
+        tool = rng.choice(TOOLS)
+        name = f"execute_tool {tool}"
+        attrs += [
+            _attr("gen_ai.operation.name", "execute_tool"),
+            _attr("gen_ai.tool.name", tool),
+            _attr("gen_ai.tool.call.id", f"call_{rng.getrandbits(48):012x}"),
+            _attr("gen_ai.tool.call.arguments", json.dumps({"path": f"src/pkg/module_{rng.randrange(50)}.py"})),
+            _attr("gen_ai.tool.call.result", "x" * rng.randrange(100, 500)),
+        ]
+    span: dict[str, object] = {
+        "traceId": trace,
+        "spanId": span_id,
+        "flags": 257,
+        "name": name,
+        "kind": 1 if role != "llm" else 3,
+        "startTimeUnixNano": str(start),
+        "endTimeUnixNano": str(start + rng.randrange(1_000_000, 900_000_000)),
+        "attributes": attrs,
+        "status": {"code": 2 if rng.random() < 0.02 else 0},
+    }
+    if parent is not None:
+        span["parentSpanId"] = parent
+    if role == "tool" and rng.random() < 0.1:
+        span["events"] = [{"timeUnixNano": str(start + 5), "name": "retry", "attributes": [_attr("attempt", 2)]}]
+    return span
+
+
+def generate(path: Path, spans: int, seed: int = 11) -> int:
+    """Write ``spans`` spans as batched OTLP JSON lines (50-100 spans a line, traces split across
+    lines as a batch processor splits them); returns the number of lines."""
+    rng = random.Random(seed)
+    resource = {
+        "attributes": [
+            _attr("service.name", "support-bot"),
+            _attr("telemetry.sdk.name", "opentelemetry"),
+            _attr("telemetry.sdk.language", "python"),
+            _attr("telemetry.sdk.version", "1.29.0"),
+            _attr("host.name", "worker-3"),
+        ]
+    }
+    scope = {"name": "openinference.instrumentation.openai_agents", "version": "0.1.12"}
+    start = 1_796_000_000_000_000_000
+    pending: list[dict[str, object]] = []
+    lines = written = 0
+    with path.open("w", encoding="utf-8") as out:
+        while written < spans:
+            trace = f"{rng.getrandbits(128) | 1:032x}"
+            root = f"{rng.getrandbits(64) | 1:016x}"
+            for i in range(min(rng.randrange(20, 80), spans - written)):
+                span_id = root if i == 0 else f"{rng.getrandbits(64) | 1:016x}"
+                pending.append(_span((trace, span_id, None if i == 0 else root), i, start + i * 3_000_000, rng))
+                written += 1
+            start += 5_000_000_000
+            batch = rng.randrange(50, 101)
+            while len(pending) >= batch or (written >= spans and pending):
+                body, pending = pending[:batch], pending[batch:]
+                doc = {"resourceSpans": [{"resource": resource, "scopeSpans": [{"scope": scope, "spans": body}]}]}
+                out.write(json.dumps(doc, separators=(",", ":")) + "\n")
+                lines += 1
+    return lines
+
+
+def floor(path: Path, folder: Path) -> float:
+    con = duckdb.connect(str(folder / "floor.duckdb"))
+    t0 = time.perf_counter()
+    con.execute(f"CREATE TABLE raw AS SELECT * FROM read_ndjson_objects('{path}')")
+    elapsed = time.perf_counter() - t0
+    con.close()
+    return elapsed
+
+
+def whole_command(path: Path, folder: Path) -> tuple[float, float, dict[str, object]]:
+    """``treellm ingest`` as a subprocess; peak RSS from /proc (VmHWM starts afresh at exec)."""
+    db = folder / "store.duckdb"
+    t0 = time.perf_counter()
+    with subprocess.Popen(
+        [sys.executable, "-m", "treellm", "ingest", str(path), "--db", str(db), "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    ) as child:  # fmt: skip
+        peak_kb = 0
+        status = Path(f"/proc/{child.pid}/status")
+        while child.poll() is None:
+            try:
+                for line in status.read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        peak_kb = max(peak_kb, int(line.split()[1]))
+            except OSError:
+                break
+            time.sleep(0.05)
+        out, err = child.communicate()
+    elapsed = time.perf_counter() - t0
+    if child.returncode != 0:
+        raise RuntimeError(err)
+    return elapsed, peak_kb / 1024, json.loads(out)
+
+
+def placement_share(path: Path, folder: Path) -> tuple[float, float]:
+    """(whole in-process ingest, of which the placement of other frameworks' spans) in seconds:
+    the conventions, runs and trees pass (``_finish_foreign``), timed by wrapping it."""
+    import importlib
+
+    module = importlib.import_module("treellm.store.ingest")
+    original = module._finish_foreign
+    spent = [0.0]
+
+    def timed(*args: object, **kwargs: object) -> None:
+        t0 = time.perf_counter()
+        try:
+            original(*args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - t0
+
+    module._finish_foreign = timed
+    try:
+        t0 = time.perf_counter()
+        module.ingest(folder / "inproc.duckdb", [path])
+        return time.perf_counter() - t0, spent[0]
+    finally:
+        module._finish_foreign = original
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--spans", type=int, default=300_000)
+    parser.add_argument("--keep", help="folder to keep the generated file in (reused when present)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="treellm-bench-") as tmp:
+        folder = Path(args.keep or tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        data = folder / f"batched-{args.spans}.jsonl"
+        if not data.exists():
+            t0 = time.perf_counter()
+            lines = generate(data, args.spans)
+            print(f"generated {data.name}: {lines} lines, {data.stat().st_size / 1e6:.0f} MB "
+                  f"in {time.perf_counter() - t0:.1f} s")  # fmt: skip
+        for stale in folder.glob("*.duckdb*"):
+            stale.unlink()
+        size_mb = data.stat().st_size / 1e6
+        floor_s = floor(data, folder)
+        ingest_s, peak_mb, report = whole_command(data, folder)
+        inproc_s, placement_s = placement_share(data, folder)
+        spans = args.spans
+        print(f"\n{spans:,} spans in batched lines, {size_mb:.0f} MB; ingest report: {report}")
+        print(f"{'method':56} {'seconds':>8} {'spans/s':>10} {'x floor':>8}")
+        print(f"{'floor: read_ndjson_objects into an untransformed table':56} {floor_s:8.2f} "
+              f"{spans / floor_s:10,.0f} {1.0:8.2f}")  # fmt: skip
+        print(f"{'treellm ingest (whole command)':56} {ingest_s:8.2f} {spans / ingest_s:10,.0f} "
+              f"{floor_s / ingest_s:8.2f}")  # fmt: skip
+        rest_s = inproc_s - placement_s
+        print(f"{'  in-process ingest':56} {inproc_s:8.2f} {spans / inproc_s:10,.0f} {floor_s / inproc_s:8.2f}")
+        print(f"{'    of which placing foreign spans (runs, trees)':56} {placement_s:8.2f}")
+        print(f"{'    the rest: read, stage, check, insert, commit':56} {rest_s:8.2f} {spans / rest_s:10,.0f} "
+              f"{floor_s / rest_s:8.2f}")  # fmt: skip
+        print(f"peak RSS of the ingest command: {peak_mb:,.0f} MB at the default memory limit; "
+              f"target >= 0.50x floor")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
