@@ -4,29 +4,67 @@ Call :meth:`LoopGuard.check` before a tool call and :meth:`LoopGuard.record`
 after it. The guard keeps one path per conversation (``path=`` names it; one
 default conversation otherwise), so a hand-written loop, a LangGraph node or an
 OpenAI Agents SDK hook gets the same path-local counting, limits, actions and
-events as the tree executor; observers (telemetry among them) see a run per
-conversation with one ToolNode per recorded call and a ``loop:detected`` event
-per catch. :meth:`LoopGuard.end` closes a conversation's run.
+events as the tree executor; observers see a run per conversation with one
+ToolNode per recorded call and a ``loop:detected`` event per catch.
+:meth:`LoopGuard.end` closes a conversation's run.
 
 Counting, limit precedence, state changes, the failure rule and the texts of a
 catch come from ``treellm.engine.repeats``, the module the executor uses, so a
 guarded agent and a tree count, fail and answer alike. Per-tool rules come from
 ``rules=`` (``ToolRule``) and ``mutates=``, overridden by a limits file.
 
-Thread-safe: a lock guards the conversations, so handlers on worker threads may
-share one guard. Observers are called on the calling thread.
+**In-flight calls.** Frameworks run a turn's calls concurrently (the OpenAI
+Agents SDK checks them all before any has run), so an allowed :meth:`check`
+*reserves* the call: until :meth:`record` or :meth:`release` it counts on its
+path like a recorded call (the executor's same-turn rule: count = earlier
+identical calls on the path + those accepted and still running). A reservation
+gets the call's node id and its check time (the start of its span). It ends:
+
+- with :meth:`record`: the reservation with the given ``call_id``, else the
+  oldest one of the same call (tool and canonical arguments) on that path; a
+  call recorded without a reservation (record-only use) counts from then on;
+- with :meth:`release`: the call never ran, and counts as if never checked;
+- with :meth:`end` (or :meth:`close`): every reservation still open on the path
+  is dropped, so a call that was neither recorded nor released cannot leak.
+
+A reservation still running when a state change is recorded keeps counting: it
+lands on the path when it is recorded, after the change.
+
+**Spans: one trace, each call counted once** (``spans=``; see
+``treellm.telemetry.guard_spans``). ``"auto"`` (the default) decides per call:
+with an OpenTelemetry span current at ``check()``/``record()`` time (recording,
+valid context) the guard makes *no* span of its own and never a run span; it
+writes its facts on that span: on a tool span (``execute_tool``, OpenInference
+TOOL, Traceloop tool) the call's ``treellm.tool.signature``, ``.ordinal``,
+``.limit``, ``.limit_source`` and ``gen_ai.tool.call.id`` when the call id is
+known; a caught call's ``loop:detected`` event on whatever span is current. So an
+adapter that checks inside the instrumented tool call annotates the tool span at
+check time; one that checks in the framework's step or model span annotates the
+tool span at record time if the tool span is current then, and otherwise adds
+only the catches (the store recomputes ordinals of foreign calls anyway). With no
+span current, the guard makes its own spans as the executor does: an
+``invoke_agent`` run span per conversation (opened when a call first needs it,
+parented on the context current then) and an ``execute_tool`` span per recorded
+call. ``"own"`` always makes its own spans; ``"annotate"`` never does (with no
+current span, only metrics).
+
+Thread- and asyncio-safe: one ``threading.Lock`` guards the conversations and
+nothing awaits while holding it, so handlers on worker threads and coroutines
+of one event loop (``asyncio.gather``) may share one guard. Observers are called
+on the calling thread, inside that lock: an observer must not call the guard.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
@@ -50,12 +88,14 @@ from treellm.engine.events import (
 from treellm.engine.nodes import NodeStatus, ToolNode
 from treellm.engine.repeats import RepeatPolicy, ToolRule, ToolSettings, answer_text, pruned_call
 from treellm.engine.tools import result_hash, result_text
-from treellm.loop import CallKey, LimitSource, PathSignatures, call_key
+from treellm.loop import CallKey, LimitSource, LoopDecision, PathSignatures, call_key
 from treellm.models.base import arguments_text
 from treellm.signature import parse_arguments
-from treellm.telemetry.observer import TelemetryObserver
+from treellm.telemetry.guard_spans import GuardSpans, SpanMode, span_mode
 
 __all__ = ["GuardDecision", "LoopGuard"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +104,10 @@ class GuardDecision:
 
     When not allowed, ``answer`` is the tool result to give the model for
     ``nudge`` and ``cache`` (None for ``prune``: drop the call, end the turn).
+    An allowed decision holds a ``reservation`` (an id unique in its guard): the
+    call counts as running until :meth:`LoopGuard.record` or
+    :meth:`LoopGuard.release` (``release(decision)``) ends it. ``path`` and
+    ``call_id`` are the ones given to :meth:`LoopGuard.check`.
     """
 
     allowed: bool
@@ -76,10 +120,25 @@ class GuardDecision:
     shadow: bool
     earlier_node_ids: tuple[str, ...]
     answer: str | None = None
+    path: Hashable = None
+    call_id: str | None = None
+    reservation: str | None = None
 
     @property
     def ordinal(self) -> int:
         return self.count + 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Reservation:
+    """An allowed call that has not been recorded or released yet."""
+
+    id: str
+    key: CallKey
+    call_id: str | None
+    node_id: str
+    decision: LoopDecision
+    checked_ns: int
 
 
 @dataclass(slots=True)
@@ -88,9 +147,45 @@ class _Conversation:
     path: PathSignatures = field(default_factory=PathSignatures.empty)
     ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     results: dict[str, str] = field(default_factory=dict)
+    running: list[_Reservation] = field(default_factory=list)
+    """Reservations in check order."""
     tool_nodes: int = 0
     loops: int = 0
     pruned: int = 0
+
+    def node_id(self) -> str:
+        return f"n{next(self.ids)}"
+
+    def counted(self) -> PathSignatures:
+        """The path with the running calls on it: what a new call counts against."""
+        return _with_running(self.path, self.running)
+
+    def take(self, key: CallKey | None, call_id: str | None, reservation: str | None = None) -> _Reservation | None:
+        """Remove and return the reservation that a record or release ends (see the module docstring)."""
+        found = _match(self.running, key, call_id, reservation)
+        if found is not None:
+            self.running.remove(found)
+        return found
+
+
+def _with_running(path: PathSignatures, running: Sequence[_Reservation]) -> PathSignatures:
+    for held in running:
+        path = path.extend(held.key, held.node_id)
+    return path
+
+
+def _match(
+    running: Sequence[_Reservation], key: CallKey | None, call_id: str | None, reservation: str | None
+) -> _Reservation | None:
+    """The reservation with this id, else this call id, else the oldest of ``key`` (one without
+    another call id when ``call_id`` is given)."""
+    if reservation is not None:
+        return next((r for r in running if r.id == reservation), None)
+    if call_id is not None:
+        found = next((r for r in running if r.call_id == call_id), None)
+        if found is not None:
+            return found
+    return next((r for r in running if r.key == key and (call_id is None or r.call_id is None)), None)
 
 
 class LoopGuard:
@@ -108,6 +203,7 @@ class LoopGuard:
         shadow: bool | None = None,
         observers: Sequence[Observer] = (),
         telemetry: bool = True,
+        spans: SpanMode = "auto",
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
         name: str = "agent",
@@ -119,7 +215,9 @@ class LoopGuard:
         ``on_repeat`` one action or one per tool, ``rules`` per-tool state-change
         and failure rules (``mutates=["edit"]`` is short for
         ``rules={"edit": ToolRule(mutates=True)}``); a ``config`` read from a
-        limits file overrides them all, as everywhere."""
+        limits file overrides them all, as everywhere. ``spans`` is the span
+        mode (``"auto"``, ``"own"`` or ``"annotate"``: the module docstring);
+        another value raises ``ConfigError``."""
         base = config or TreeConfig()
         if max_repeats is not None:
             base = base.replace(max_repeats_per_signature=max_repeats)
@@ -130,13 +228,17 @@ class LoopGuard:
         self.detector = self.policy.detector
         self.name = name
         self.model = model
+        self.spans = span_mode(spans)
         self.observers: list[Observer] = list(observers)
+        self._telemetry: GuardSpans | None = None
         if telemetry:
-            self.observers.insert(0, TelemetryObserver(tracer_provider, meter_provider))
+            self._telemetry = GuardSpans(tracer_provider, meter_provider, mode=self.spans)
+            self.observers.insert(0, self._telemetry)
         self.clock = clock
         self.run_ids = run_ids
         self._lock = threading.Lock()
         self._conversations: dict[Hashable, _Conversation] = {}
+        self._reservations = itertools.count(1)
 
     # -- events ---------------------------------------------------------------------------
 
@@ -168,57 +270,74 @@ class LoopGuard:
 
     # -- the API ----------------------------------------------------------------------------
 
-    def check(self, tool: str, arguments: Any, path: Hashable = None) -> GuardDecision:
-        """Decide before a call; a caught call emits ``loop:detected``."""
+    def check(self, tool: str, arguments: Any, path: Hashable = None, *, call_id: str | None = None) -> GuardDecision:
+        """Decide before a call; never raises on the call's data, never blocks on I/O.
+
+        The count includes the identical calls of the path that are still running
+        (allowed and neither recorded nor released). An allowed decision reserves
+        the call (``decision.reservation``); end it with :meth:`record` once the call
+        ran or with :meth:`release` if it never runs. A caught call emits
+        ``loop:detected`` and reserves nothing, unless shadow mode lets it run.
+        ``call_id`` (the framework's tool call id) pairs the later ``record``.
+        """
         key = call_key(tool, arguments)
         with self._lock:
             conv = self._conversation(path)
-            decision = self.policy.check(conv.path, key)
+            decision = self.policy.check(conv.counted(), key)
             earlier = tuple(i for i in decision.earlier_node_ids if i is not None)
-            if not decision.caught:
-                return GuardDecision(
-                    True,
-                    tool,
-                    decision.signature,
-                    decision.count,
-                    decision.limit,
-                    decision.limit_source,
-                    None,
-                    False,
-                    earlier,
-                )
-            action = self.policy.action(tool)
-            shadow = self.config.shadow
-            previous = conv.results.get(earlier[-1], "") if earlier else ""
-            answer = (
-                None
-                if shadow
-                else answer_text(action, tool=tool, count=decision.count, limit=decision.limit, earlier_result=previous)
-            )
-            pruned = pruned_call(
-                decision,
-                call_id="",
-                raw_arguments=_raw(arguments),
-                arguments=parse_arguments(arguments),
-                action=action,
-                shadow=shadow,
-                answer=answer,
-            )
-            conv.loops += 1
-            conv.pruned += 0 if shadow else 1
-            self._emit(conv, LoopDetected(pruned))
+            action: RepeatAction | None = None
+            answer: str | None = None
+            if decision.caught:
+                action, answer = self._catch(conv, decision, arguments, call_id, earlier)
+                if not self.config.shadow:
+                    return GuardDecision(
+                        False, tool, decision.signature, decision.count, decision.limit, decision.limit_source,
+                        action, False, earlier, answer, path, call_id,
+                    )  # fmt: skip
+            held = self._reserve(conv, key, decision, call_id)
             return GuardDecision(
-                shadow,
-                tool,
-                decision.signature,
-                decision.count,
-                decision.limit,
-                decision.limit_source,
-                action,
-                shadow,
-                earlier,
-                answer,
-            )
+                True, tool, decision.signature, decision.count, decision.limit, decision.limit_source,
+                action, decision.caught, earlier, None, path, call_id, held.id,
+            )  # fmt: skip
+
+    def _catch(
+        self,
+        conv: _Conversation,
+        decision: LoopDecision,
+        arguments: Any,
+        call_id: str | None,
+        earlier: tuple[str, ...],
+    ) -> tuple[RepeatAction, str | None]:
+        """Count and report a caught call; its action and answer (None in shadow mode)."""
+        tool = decision.tool
+        action = self.policy.action(tool)
+        shadow = self.config.shadow
+        previous = next((conv.results[i] for i in reversed(earlier) if i in conv.results), "")
+        answer = (
+            None
+            if shadow
+            else answer_text(action, tool=tool, count=decision.count, limit=decision.limit, earlier_result=previous)
+        )
+        pruned = pruned_call(
+            decision,
+            call_id=call_id or "",
+            raw_arguments=_raw(arguments),
+            arguments=parse_arguments(arguments),
+            action=action,
+            shadow=shadow,
+            answer=answer,
+        )
+        conv.loops += 1
+        conv.pruned += 0 if shadow else 1
+        self._emit(conv, LoopDetected(pruned))
+        return action, answer
+
+    def _reserve(self, conv: _Conversation, key: CallKey, decision: LoopDecision, call_id: str | None) -> _Reservation:
+        held = _Reservation(f"r{next(self._reservations)}", key, call_id, conv.node_id(), decision, self.clock())
+        conv.running.append(held)
+        if self._telemetry is not None:
+            self._telemetry.checked(conv.run_id, held.node_id, _tool_start(decision, call_id or "", ()), call_id)
+        return held
 
     def record(
         self,
@@ -228,9 +347,17 @@ class LoopGuard:
         path: Hashable = None,
         *,
         error: bool = False,
+        call_id: str | None = None,
         started_ns: int | None = None,
     ) -> str:
-        """Record a call that ran (after :meth:`check` allowed it); returns its node id.
+        """Record a call that ran; returns its node id. Never raises on the call's data.
+
+        Ends the call's reservation: the one checked with ``call_id`` when one
+        was, else the oldest reservation of the same call on ``path``. A call
+        recorded without a reservation counts from now on, its ordinal counting
+        the running calls too. The recorded call keeps the count, limit and node
+        id that its check decided, and starts at ``started_ns`` (default: its
+        check time, else now).
 
         A failed call (``error=True``: it raised or its status is an error; or
         its result text matches the tool's ``error_when``) counts on the path
@@ -244,18 +371,24 @@ class LoopGuard:
         state_change = self.policy.state_change(tool, arguments, failed=error)
         with self._lock:
             conv = self._conversation(path)
-            decision = self.policy.check(conv.path, key)
-            node_id = f"n{next(conv.ids)}"
+            held = conv.take(key, call_id)
+            if held is not None and held.key == key:
+                decision, node_id, checked = held.decision, held.node_id, held.checked_ns
+                call_id = call_id or held.call_id
+            else:  # record-only use, or the call id of another call: counts from now on
+                decision, node_id, checked = self.policy.check(conv.counted(), key), conv.node_id(), None
             now = self.clock()
+            start = started_ns if started_ns is not None else checked if checked is not None else now
+            earlier = tuple(i for i in decision.earlier_node_ids if i is not None)
             node = ToolNode(
                 id=node_id,
                 parent_id=None,
                 depth=0,
                 status=NodeStatus.FAILED if error else NodeStatus.COMPLETED,
-                started_ns=started_ns if started_ns is not None else now,
+                started_ns=start,
                 ended_ns=now,
                 tool_name=tool,
-                call_id=node_id,
+                call_id=call_id or node_id,
                 args=parse_arguments(arguments),
                 raw_args=raw,
                 signature=decision.signature,
@@ -271,35 +404,59 @@ class LoopGuard:
             conv.path = conv.path.extend(key, node_id, mutates=state_change)
             conv.results[node_id] = text
             conv.tool_nodes += 1
-            self._emit(
-                conv,
-                ToolStart(
-                    tool,
-                    node_id,
-                    node.args,
-                    raw,
-                    decision.signature,
-                    decision.ordinal,
-                    decision.limit,
-                    decision.limit_source,
-                    decision.caught,
-                    tuple(i for i in decision.earlier_node_ids if i is not None),
-                ),
-                node,
-            )
-            duration = now - (node.started_ns or now)
-            if error:
-                self._emit(conv, ToolError(tool, text, text, node.result_hash or "", 1, duration), node)
-            else:
-                self._emit(conv, ToolComplete(tool, text, node.result_hash or "", 1, duration), node)
+            self._emit_call(conv, node, _tool_start(decision, node.call_id, earlier, node.args, raw), text, error)
             return node_id
 
+    def _emit_call(self, conv: _Conversation, node: ToolNode, start: ToolStart, text: str, failed: bool) -> None:
+        self._emit(conv, start, node, node.started_ns)
+        ended = node.ended_ns or self.clock()
+        duration = ended - (node.started_ns or ended)
+        digest = node.result_hash or ""
+        if failed:
+            self._emit(conv, ToolError(node.tool_name, text, text, digest, 1, duration), node, ended)
+        else:
+            self._emit(conv, ToolComplete(node.tool_name, text, digest, 1, duration), node, ended)
+
+    @overload
+    def release(self, decision: GuardDecision, /) -> bool: ...
+
+    @overload
+    def release(self, tool: str, /, arguments: Any, path: Hashable = None, *, call_id: str | None = None) -> bool: ...
+
+    def release(
+        self,
+        target: GuardDecision | str,
+        /,
+        arguments: Any = None,
+        path: Hashable = None,
+        *,
+        call_id: str | None = None,
+    ) -> bool:
+        """Drop the reservation of an allowed call that never ran: it counts as if never checked.
+
+        ``release(decision)`` drops that decision's reservation; ``release(tool,
+        arguments, path, call_id=...)`` the one checked with ``call_id``, else the
+        oldest of that call on ``path``. True when a reservation was dropped;
+        False when there was none (a caught decision, or one already recorded,
+        released or ended). Emits no event: the call never happened.
+        """
+        with self._lock:
+            if isinstance(target, GuardDecision):
+                conv = self._conversations.get(target.path)
+                if conv is None or target.reservation is None:
+                    return False
+                return conv.take(None, None, target.reservation) is not None
+            conv = self._conversations.get(path)
+            return conv is not None and conv.take(call_key(target, arguments), call_id) is not None
+
     def end(self, path: Hashable = None, outcome: Outcome = "completed", answer: str | None = None) -> None:
-        """Close a conversation: its run completes and its path is forgotten."""
+        """Close a conversation: its run completes, its path and its open reservations are forgotten."""
         with self._lock:
             conv = self._conversations.pop(path, None)
             if conv is None:
                 return
+            if conv.running:
+                logger.debug("conversation %r ended with %d calls still reserved", path, len(conv.running))
             stats = RunStats(
                 nodes=conv.tool_nodes,
                 tool_nodes=conv.tool_nodes,
@@ -310,14 +467,33 @@ class LoopGuard:
 
     def close(self) -> None:
         """End every open conversation."""
-        for path in list(self._conversations):
+        with self._lock:
+            paths = list(self._conversations)
+        for path in paths:
             self.end(path)
 
     def count(self, tool: str, arguments: Any, path: Hashable = None) -> int:
-        """How many identical calls count on the conversation's path now."""
+        """How many identical calls count on the conversation's path now, running ones included."""
         with self._lock:
             conv = self._conversations.get(path)
-            return conv.path.count(call_key(tool, arguments)) if conv else 0
+            return conv.counted().count(call_key(tool, arguments)) if conv else 0
+
+
+def _tool_start(
+    decision: LoopDecision, call_id: str, earlier: tuple[str, ...], arguments: Any = None, raw: str = ""
+) -> ToolStart:
+    return ToolStart(
+        decision.tool,
+        call_id,
+        arguments,
+        raw,
+        decision.signature,
+        decision.ordinal,
+        decision.limit,
+        decision.limit_source,
+        decision.caught,
+        earlier,
+    )
 
 
 def _policy(

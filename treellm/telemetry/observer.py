@@ -11,8 +11,8 @@ job). The model (``docs/architecture.md``, telemetry):
   ToolNode, ``collapse`` for a CollapseNode (linked to the tool spans it merged);
   a skill's sub-tree under a nested ``invoke_agent {skill}`` span;
 - a caught call is a ``loop:detected`` event on the ThinkNode span that asked
-  (on the run span for a LoopGuard); ``tool:retry`` and ``budget:exhausted`` are
-  span events too.
+  (on the run span for a LoopGuard: ``guard_spans`` decides when it makes spans at
+  all); ``tool:retry`` and ``budget:exhausted`` are span events too.
 
 Contract: called synchronously in event order (from the run's event loop, or
 from LoopGuard callers' threads: a lock guards the per-run state). A failure
@@ -50,6 +50,7 @@ from treellm.engine.events import (
     ToolRetry,
     ToolStart,
 )
+from treellm.engine.nodes import PrunedCall
 from treellm.signature import RawArguments
 from treellm.telemetry import semconv as sc
 from treellm.telemetry.redaction import Capture, CaptureMode, resolve_capture
@@ -79,6 +80,21 @@ class _RunSpans:
     def span_id(self, node_id: str) -> str:
         context = self.contexts.get(node_id)
         return format(context.span_id, "016x") if context is not None else ""
+
+
+def loop_attributes(c: PrunedCall, earlier_span_ids: Sequence[str], capture: Capture) -> Attributes:
+    """The attributes of a ``loop:detected`` span event (the executor's and the LoopGuard's)."""
+    attrs: Attributes = {
+        sc.LOOP_TOOL: c.tool, sc.LOOP_SIGNATURE: c.signature, sc.LOOP_CALL_ID: c.call_id,
+        sc.LOOP_COUNT: c.count, sc.LOOP_LIMIT: c.limit, sc.LOOP_LIMIT_SOURCE: c.limit_source,
+        sc.LOOP_ACTION: c.action, sc.LOOP_SHADOW: c.shadow,
+        sc.LOOP_EARLIER_NODE_IDS: list(c.earlier_node_ids),
+        sc.LOOP_EARLIER_SPAN_IDS: list(earlier_span_ids),
+    }  # fmt: skip
+    arguments = capture.arguments(c.arguments)
+    if arguments is not None:
+        attrs[sc.LOOP_ARGUMENTS] = arguments
+    return attrs
 
 
 class TelemetryObserver:
@@ -339,24 +355,23 @@ class TelemetryObserver:
                 span.set_status(Status(StatusCode.ERROR, self.capture.text(p.error) or "tool error"))
                 span.set_attribute(sc.ERROR_TYPE, "tool_error")
             self._end(run, event.node_id, event)
+        self.count_call(p, failed=failed)
+
+    def count_call(self, p: ToolComplete | ToolError, *, failed: bool) -> None:
+        """The metrics of one executed call (also used by the LoopGuard's span-less mode)."""
         status = "error" if failed else "ok"
         self._calls.add(1, {sc.GEN_AI_TOOL_NAME: p.tool, sc.METRIC_ATTR_STATUS: status})
         self._duration.record(p.duration_ns / 1e9, {sc.GEN_AI_TOOL_NAME: p.tool, sc.METRIC_ATTR_STATUS: status})
 
+    def count_loop(self, c: PrunedCall) -> None:
+        """The metric of one caught call (also used by the LoopGuard's span-less mode)."""
+        self._loops.add(1, {sc.GEN_AI_TOOL_NAME: c.tool, sc.LOOP_ACTION: c.action, sc.LOOP_SHADOW: c.shadow})
+
     def _loop_detected(self, run: _RunSpans, event: Event, p: LoopDetected) -> None:
         c = p.call
-        attrs: Attributes = {
-            sc.LOOP_TOOL: c.tool, sc.LOOP_SIGNATURE: c.signature, sc.LOOP_CALL_ID: c.call_id,
-            sc.LOOP_COUNT: c.count, sc.LOOP_LIMIT: c.limit, sc.LOOP_LIMIT_SOURCE: c.limit_source,
-            sc.LOOP_ACTION: c.action, sc.LOOP_SHADOW: c.shadow,
-            sc.LOOP_EARLIER_NODE_IDS: list(c.earlier_node_ids),
-            sc.LOOP_EARLIER_SPAN_IDS: [run.span_id(i) for i in c.earlier_node_ids],
-        }  # fmt: skip
-        arguments = self.capture.arguments(c.arguments)
-        if arguments is not None:
-            attrs[sc.LOOP_ARGUMENTS] = arguments
+        attrs = loop_attributes(c, [run.span_id(i) for i in c.earlier_node_ids], self.capture)
         self._node_event(run, event, sc.EVENT_LOOP_DETECTED, attrs)
-        self._loops.add(1, {sc.GEN_AI_TOOL_NAME: c.tool, sc.LOOP_ACTION: c.action, sc.LOOP_SHADOW: c.shadow})
+        self.count_loop(c)
 
     # -- collapse and skills -----------------------------------------------------------------------
 
