@@ -4,21 +4,32 @@ Contract:
 
 - Every format becomes OTLP/JSON ``TracesData`` lines; DuckDB flattens them in SQL
   (:mod:`treellm.store.transform`). OTLP JSON lines are read in place; the other
-  formats (:mod:`treellm.store.formats`) are converted to a temporary JSONL file first.
+  formats (:mod:`treellm.store.formats`) are converted to a temporary JSONL file first,
+  every record through the one validator (:func:`treellm.otlp.normalize_traces_data`).
+- What a valid span is lives in :mod:`treellm.otlp.validate` only. A file read in place is
+  checked by its generated SQL (``VALIDATE_SQL``); when that flags a span, or DuckDB refuses
+  to stage the file (a duplicate MAP key, a time past int64, a value of the wrong type),
+  the transaction is rolled back and the file is rebuilt line by line by the validator:
+  bad spans are rejected alone (each naming its line, its place and its field), duplicate
+  attribute keys keep their last value (recorded on the span), an all-zero parent is none.
 - Each file is one transaction: a bad file leaves nothing behind and raises
   :class:`~treellm.errors.IngestError` naming the file, the line (or record) and the
-  reason; with ``skip_bad=True`` the good records are kept and each bad one reported.
+  reason; with ``skip_bad=True`` the good spans are kept and each bad one reported. When
+  DuckDB refuses a file the validator accepts, the error carries DuckDB's own message.
 - Re-ingesting adds nothing: (trace_id, span_id) stays unique (an anti-join against
   the stored keys; duplicates are counted).
 - A torn final line (no newline after it, as a crashed writer leaves) is skipped and
   counted in ``skipped``; an empty file ingests nothing and is reported.
 - The writer holds the store's write lock only while it writes one file.
-- Memory stays bounded: DuckDB streams the file under a memory limit and spills.
+- Memory stays bounded: DuckDB reads the file in pieces of :data:`PIECE_BYTES` under a
+  memory limit and spills; the stage is inserted every :data:`CHUNK_BYTES`, so batched
+  lines (the Collector's file exporter) and files of any size fit the same limit.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import shutil
@@ -37,8 +48,8 @@ from treellm.engine import repeats
 from treellm.engine.tools import result_hash
 from treellm.errors import IngestError, StoreError
 from treellm.exporters.jsonl import end_of_last_line
-from treellm.otlp import json_line
-from treellm.signature import RawArguments, canonical_json, parse_arguments, signature
+from treellm.otlp import Normalized, StructureError, json_line, normalize_traces_data
+from treellm.signature import RawArguments, canonical_json, hash_text, parse_arguments, signature
 from treellm.store.connection import open_store
 from treellm.store.formats import InputFormat, detect_format, iter_records
 from treellm.store.schema import SPAN_COLUMNS
@@ -51,7 +62,6 @@ __all__ = ["BadRecord", "FileReport", "IngestReport", "InputFormatChoice", "inge
 InputFormatChoice = Literal["auto", InputFormat]  # the names of treellm.store.formats.FORMATS
 MAX_LINE_BYTES = 64 * 1024 * 1024
 MEMORY_LIMIT = os.environ.get("TREELLM_INGEST_MEMORY_LIMIT", "1GB")
-_HEX = frozenset("0123456789abcdefABCDEF")
 DEFAULT_INTERNAL = frozenset(conventions.DEFAULT_INTERNAL_TOOLS)
 ENV_INTERNAL_TOOLS = "TREELLM_INTERNAL_TOOLS"
 _DEFAULT_RULE = repeats.ToolRule()
@@ -106,78 +116,36 @@ class IngestReport:
         }
 
 
-# -- validating lines (only when DuckDB refused a file, or for --skip-bad) ----------------------
-
-
-def _hex(value: object, size: int) -> bool:
-    return isinstance(value, str) and len(value) == size and set(value) <= _HEX and value.strip("0") != ""
-
-
-def _int_text(value: object) -> bool:
-    return (isinstance(value, str) and value.isdigit()) or (isinstance(value, int) and not isinstance(value, bool))
+# -- validating lines (only when DuckDB refused a file, or the SQL check flagged a span) ----------
 
 
 def _too_long(length: int) -> str:
     return f"the line is {length / 1e6:.0f} MB, above the {MAX_LINE_BYTES // 2**20} MiB limit of one line"
 
 
-def line_problem(line: bytes) -> str | None:
-    """Why one OTLP/JSON line cannot be ingested, or None when it can."""
+def _read_line(line: bytes) -> tuple[Normalized | None, str | None]:
+    """(the line through the one validator, None), or (None, why the line cannot be read at all)."""
     if len(line) > MAX_LINE_BYTES:
-        return _too_long(len(line))
+        return None, _too_long(len(line))
     try:
         doc = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
-        return f"not valid JSON ({exc})"
+        return None, f"not valid JSON ({exc})"
     if not isinstance(doc, dict) or not isinstance(doc.get("resourceSpans"), list):
-        return "not an OTLP/JSON TracesData object: no resourceSpans list"
-    for r, rs in enumerate(doc["resourceSpans"]):
-        if not isinstance(rs, dict) or not isinstance(rs.get("scopeSpans", []), list):
-            return f"resourceSpans[{r}] is not an object with a scopeSpans list"
-        for s, ss in enumerate(rs.get("scopeSpans", [])):
-            spans = ss.get("spans", []) if isinstance(ss, dict) else None
-            if not isinstance(spans, list):
-                return f"resourceSpans[{r}].scopeSpans[{s}].spans is not a list"
-            for i, span in enumerate(spans):
-                where = f"resourceSpans[{r}].scopeSpans[{s}].spans[{i}]"
-                problem = _span_problem(span)
-                if problem:
-                    return f"{where}: {problem}"
-    return None
+        return None, "not an OTLP/JSON TracesData object: no resourceSpans list"
+    try:
+        return normalize_traces_data(doc, max_reasons=None), None
+    except StructureError as exc:
+        return None, str(exc)
 
 
-def _span_problem(span: object) -> str | None:
-    if not isinstance(span, dict):
-        return "not an object"
-    if not _hex(span.get("traceId"), 32):
-        return f"traceId: expected 32 hex digits (not all zero), got {span.get('traceId')!r}"
-    if not _hex(span.get("spanId"), 16):
-        return f"spanId: expected 16 hex digits (not all zero), got {span.get('spanId')!r}"
-    parent = span.get("parentSpanId")
-    if parent not in (None, "") and not _hex(parent, 16):
-        return f"parentSpanId: expected 16 hex digits, got {parent!r}"
-    if not isinstance(span.get("name"), str):
-        return f"name: expected text, got {span.get('name')!r}"
-    for key in ("startTimeUnixNano", "endTimeUnixNano"):
-        if not _int_text(span.get(key)):
-            return f"{key}: expected an integer (as text), got {span.get(key)!r}"
-    kind = span.get("kind", 0)
-    if not isinstance(kind, int) or isinstance(kind, bool) or not 0 <= kind <= 5:
-        return f"kind: expected an integer from 0 to 5, got {kind!r}"
-    status = span.get("status", {})
-    code = status.get("code", 0) if isinstance(status, dict) else None
-    if not isinstance(code, int) or isinstance(code, bool) or not 0 <= code <= 2:
-        return f"status.code: expected an integer from 0 to 2, got {code!r}"
-    for key in ("events", "links"):
-        if not isinstance(span.get(key, []), list):
-            return f"{key}: expected a list, got {span.get(key)!r}"
-    attributes = span.get("attributes", [])
-    if not isinstance(attributes, list) or any(
-        not isinstance(a, dict) or not isinstance(a.get("key"), str) or not isinstance(a.get("value", {}), dict)
-        for a in attributes
-    ):
-        return "attributes: expected a list of {key, value} objects"
-    return None
+def line_problem(line: bytes) -> str | None:
+    """Why one OTLP/JSON line cannot be ingested whole (its first bad span, named by its place
+    and field, as :func:`treellm.otlp.normalize_traces_data` says), or None when it can."""
+    normalized, problem = _read_line(line)
+    if normalized is None:
+        return problem
+    return normalized.reasons[0] if normalized.reasons else None
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
@@ -187,14 +155,30 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
             yield number, raw.rstrip(b"\r\n"), raw.endswith(b"\n")
 
 
-def _first_problem(path: Path, display: str) -> IngestError:
-    for number, line, complete in _lines(path):
-        if not complete or not line.strip():
-            continue
-        problem = line_problem(line)
-        if problem:
-            return IngestError(problem, path=display, line=number)
-    return IngestError("DuckDB could not read the file although every line validates", path=display)
+def _canonical_copy(path: Path, folder: Path, *, keep_bad: bool, display: str) -> tuple[Path, int, list[BadRecord]]:
+    """A copy of ``path`` with every line rebuilt by the one validator: bad spans left out
+    (each raises, naming its line, unless ``keep_bad``: then each is reported), duplicate
+    attribute keys resolved (the last value wins, recorded on the span), the torn last line
+    dropped. Returns (copy, skipped torn lines, bad records)."""
+    target = folder / "canonical.jsonl"
+    skipped = 0
+    bad: list[BadRecord] = []
+    with target.open("wb") as out:
+        for number, line, complete in _lines(path):
+            if not complete:
+                skipped += 1
+                continue
+            if not line.strip():
+                continue
+            normalized, problem = _read_line(line)
+            reasons = (problem,) if normalized is None else normalized.reasons
+            for reason in reasons:
+                if not keep_bad:
+                    raise IngestError(str(reason), path=display, line=number)
+                bad.append(BadRecord(display, number, None, str(reason)))
+            if normalized is not None and normalized.traces_data is not None:
+                out.write(json_line(normalized.traces_data))
+    return target, skipped, bad
 
 
 # -- the transaction of one file ---------------------------------------------------------------
@@ -278,6 +262,14 @@ def _arguments_value(text: str) -> Any:
 _FOREIGN_OPERATIONS = {"tool": "execute_tool", "llm": "chat", "agent": "invoke_agent"}
 
 
+@functools.lru_cache(maxsize=65_536)
+def _canonical(arguments: str) -> tuple[Any, str]:
+    """(the parsed value, its canonical text) of recorded argument text (pure, memoised:
+    an agent's repeats and a trace placed again reuse them)."""
+    value = _arguments_value(arguments)
+    return value, canonical_json(value)
+
+
 def _read_foreign(con: duckdb.DuckDBPyConnection, internal_tools: frozenset[str]) -> list[str]:
     """Read the new spans of other frameworks through their conventions; returns their traces."""
     rows = con.execute(
@@ -302,7 +294,7 @@ def _read_foreign(con: duckdb.DuckDBPyConnection, internal_tools: frozenset[str]
             facts.role == "tool" and facts.result is not None and repeats.is_failure(_DEFAULT_RULE, facts.result)
         )
         if facts.role == "tool" and facts.tool_name:
-            sig = signature(facts.tool_name, _arguments_value(facts.arguments or ""))
+            sig = f"{facts.tool_name}:{hash_text(_canonical(facts.arguments or '')[1])}"
             digest = result_hash(facts.result) if facts.result is not None else None
         out.append(
             (trace, span, facts.family or "otel", _FOREIGN_OPERATIONS.get(facts.role), facts.tool_name,
@@ -363,11 +355,11 @@ def _finish_foreign(con: duckdb.DuckDBPyConnection, internal: frozenset[str] | N
         SpanFacts(
             trace_id=trace, span_id=span, parent_id=parent, start_ns=start, end_ns=end,
             role=_ROLES.get(operation or "", "other"),
-            call_key=(f"{tool}\x00{canonical_json(_arguments_value(args or ''))}"
+            call_key=(f"{tool}\x00{_canonical(args or '')[1]}"
                       if tool is not None and operation == "execute_tool" and not internal else None),
             agent_name=agent, flagged_orphan=flagged,
             changes_state=(tool is not None and operation == "execute_tool" and not internal and not failed
-                           and repeats.changes_state(_DEFAULT_RULE, tool, _arguments_value(args or ""))),
+                           and repeats.changes_state(_DEFAULT_RULE, tool, _canonical(args or "")[0])),
         )
         for trace, span, parent, start, end, operation, tool, args, internal, agent, flagged, failed in rows
     ]  # fmt: skip
@@ -443,43 +435,62 @@ def _transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
     con.execute("COMMIT")
 
 
+class _Refused(Exception):
+    """DuckDB refused to stage a file, or the SQL check flagged a span: the file goes through
+    the one validator, which decides. Holds DuckDB's message (or the SQL check's finding)."""
+
+
 CHUNK_BYTES = 256 * 1024 * 1024
-"""Files larger than this are staged in chunks of whole lines (one transaction still), so
-the memory an ingest needs does not grow with the file."""
+"""Staged bytes after which the stage is inserted and emptied (one transaction still), so the
+memory an ingest needs does not grow with the file. Larger chunks cost less: every chunk
+anti-joins against the growing table (48 MiB chunks doubled the time of 1M spans)."""
+
+PIECE_BYTES = 32 * 1024 * 1024
+"""Each ``read_json`` reads at most this much (plus the rest of its last line). DuckDB parses
+2048 lines at a time per thread, so batched lines (the Collector's file exporter writes
+50-100 spans a line) would otherwise hold thousands of spans per thread in memory at once:
+300k spans in 100-span lines ran out of a 1 GB limit with 8 threads read whole, and stay
+under it in 32 MiB pieces (BENCHMARKS.md, "Batched ingest")."""
 
 
-def _chunks(jsonl: Path, folder: Path) -> Iterator[Path]:
-    """The file itself when small, else copies of consecutive runs of whole lines."""
-    if jsonl.stat().st_size <= CHUNK_BYTES:
-        yield jsonl
+def _pieces(jsonl: Path, folder: Path) -> Iterator[tuple[Path, int]]:
+    """(file, bytes) of consecutive runs of whole lines of about :data:`PIECE_BYTES`: the file
+    itself when small, else copies made a block at a time."""
+    size = jsonl.stat().st_size
+    if size <= PIECE_BYTES:
+        yield jsonl, size
         return
     with jsonl.open("rb") as source:
         index = 0
-        while True:
-            part = folder / f"chunk-{index}.jsonl"
-            written = 0
-            with part.open("wb") as out:
-                for line in source:
-                    out.write(line)
-                    written += len(line)
-                    if written >= CHUNK_BYTES:
-                        break
-            if written == 0:
+        while block := source.read(PIECE_BYTES):
+            if not block.endswith(b"\n"):
+                block += source.readline()
+            part = folder / f"piece-{index}.jsonl"
+            part.write_bytes(block)
+            try:
+                yield part, len(block)
+            finally:
                 part.unlink()
-                return
-            yield part
-            part.unlink()
             index += 1
 
 
-def _load_chunk(con: duckdb.DuckDBPyConnection, chunk: Path, *, original: Path, display: str) -> tuple[int, int, int]:
-    """Stage, validate, insert and finish one chunk inside the caller's transaction."""
+def _stage_piece(con: duckdb.DuckDBPyConnection, piece: Path, *, append: bool, display: str) -> None:
+    select = stage_sql(_read_expression(piece))
+    sql = f"INSERT INTO stage {select}" if append else f"CREATE OR REPLACE TEMP TABLE stage AS {select}"
     try:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE stage AS {stage_sql(_read_expression(chunk))}", {"source": display})
+        con.execute(sql, {"source": display})
     except duckdb.Error as exc:
-        raise _first_problem(original, display) from exc
-    if con.execute(VALIDATE_SQL).fetchone() is not None:
-        raise _first_problem(original, display)
+        raise _Refused(str(exc).split("\n", 1)[0]) from exc
+
+
+def _load_stage(con: duckdb.DuckDBPyConnection) -> tuple[int, int, int]:
+    """Validate, insert and finish the staged spans inside the caller's transaction."""
+    try:
+        flagged = con.execute(VALIDATE_SQL).fetchone()
+    except duckdb.Error as exc:
+        raise _Refused(str(exc).split("\n", 1)[0]) from exc
+    if flagged is not None:
+        raise _Refused(f"span {flagged[1]!r} of trace {flagged[0]!r} breaks a rule of treellm.otlp")
     new, duplicates = _insert_staged(con)
     _finish_foreign(con)
     runs = _count(
@@ -496,18 +507,25 @@ def _load_chunk(con: duckdb.DuckDBPyConnection, chunk: Path, *, original: Path, 
 
 
 def _load_jsonl(db: Path, jsonl: Path, *, display: str, retries: int = 20) -> tuple[int, int, int]:
-    """One transaction: stage, validate, insert, finish (chunk by chunk for large files).
-    Returns (spans, runs, duplicates)."""
+    """One transaction: stage (in pieces), validate, insert, finish (every :data:`CHUNK_BYTES`).
+    Returns (spans, runs, duplicates); raises :class:`_Refused` (after a rollback) when DuckDB
+    refuses to stage the file or the SQL check flags a span."""
     con = open_store(db, retries=retries)
     try:
         con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
         con.execute("SET preserve_insertion_order = false")
         con.execute(MACROS)
         totals = [0, 0, 0]
-        with tempfile.TemporaryDirectory(prefix="treellm-chunks-") as tmp, _transaction(con):
-            for chunk in _chunks(jsonl, Path(tmp)):
-                for i, value in enumerate(_load_chunk(con, chunk, original=jsonl, display=display)):
-                    totals[i] += value
+        with tempfile.TemporaryDirectory(prefix="treellm-pieces-") as tmp, _transaction(con):
+            staged = 0
+            for piece, size in _pieces(jsonl, Path(tmp)):
+                _stage_piece(con, piece, append=staged > 0, display=display)
+                staged += size
+                if staged >= CHUNK_BYTES:
+                    totals = [t + v for t, v in zip(totals, _load_stage(con), strict=True)]
+                    staged = 0
+            if staged:
+                totals = [t + v for t, v in zip(totals, _load_stage(con), strict=True)]
         return totals[0], totals[1], totals[2]
     except duckdb.Error as exc:
         raise StoreError(f"{display}: the store refused the data: {exc}", path=display) from exc
@@ -516,29 +534,6 @@ def _load_jsonl(db: Path, jsonl: Path, *, display: str, retries: int = 20) -> tu
 
 
 # -- files of each format ---------------------------------------------------------------------------
-
-
-def _good_lines_copy(path: Path, folder: Path, *, keep_bad: bool, display: str) -> tuple[Path, int, list[BadRecord]]:
-    """A copy of the complete, valid lines (the torn last line is dropped; bad lines raise
-    unless ``keep_bad``). Returns (copy, skipped torn lines, bad records)."""
-    target = folder / "good.jsonl"
-    skipped = 0
-    bad: list[BadRecord] = []
-    with target.open("wb") as out:
-        for number, line, complete in _lines(path):
-            if not complete:
-                skipped += 1
-                continue
-            if not line.strip():
-                continue
-            problem = line_problem(line)
-            if problem is not None:
-                if not keep_bad:
-                    raise IngestError(problem, path=display, line=number)
-                bad.append(BadRecord(display, number, None, problem))
-                continue
-            out.write(line + b"\n")
-    return target, skipped, bad
 
 
 def _overlong_line(path: Path, limit: int = MAX_LINE_BYTES) -> tuple[int, int] | None:
@@ -597,20 +592,23 @@ def ingest_file(
         skipped = 0
         bad: list[BadRecord] = []
         if fmt == "otlp-jsonl":
-            jsonl = source
             overlong = _overlong_line(source)
             if overlong is not None and not skip_bad:
                 line, length = overlong
-                message = (
-                    f"the line is {length / 1e6:.0f} MB, above the {MAX_LINE_BYTES // 2**20} MiB limit of one line"
-                )
-                raise IngestError(message, path=display, line=line)
-            if skip_bad:
-                jsonl, skipped, bad = _good_lines_copy(source, folder, keep_bad=True, display=display)
-            elif _torn_tail(source):
-                jsonl = folder / "complete.jsonl"
-                copy_without_torn_tail(source, jsonl)
-                skipped = 1
+                raise IngestError(_too_long(length), path=display, line=line)
+            if overlong is None:  # read in place; the one validator decides only when DuckDB or the SQL check balks
+                jsonl = source
+                if _torn_tail(source):
+                    jsonl = folder / "complete.jsonl"
+                    copy_without_torn_tail(source, jsonl)
+                    skipped = 1
+                try:
+                    spans, runs, duplicates = _load_jsonl(Path(db), jsonl, display=display, retries=retries)
+                except _Refused:
+                    pass
+                else:
+                    return FileReport(display, fmt, spans, runs, duplicates, skipped)
+            jsonl, skipped, bad = _canonical_copy(source, folder, keep_bad=skip_bad, display=display)
         else:
             jsonl = folder / "converted.jsonl"
             with jsonl.open("wb") as out:
@@ -623,7 +621,10 @@ def ingest_file(
                         out.write(json_line(record.traces_data))
         if jsonl.stat().st_size == 0:
             return FileReport(display, fmt, 0, 0, 0, skipped, empty=not bad and not skipped, bad=tuple(bad))
-        spans, runs, duplicates = _load_jsonl(Path(db), jsonl, display=display, retries=retries)
+        try:
+            spans, runs, duplicates = _load_jsonl(Path(db), jsonl, display=display, retries=retries)
+        except _Refused as exc:
+            raise IngestError(f"DuckDB refused the file: {exc}", path=display) from exc
     return FileReport(display, fmt, spans, runs, duplicates, skipped, bad=tuple(bad))
 
 

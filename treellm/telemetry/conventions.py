@@ -34,6 +34,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+import orjson
+
 from treellm.telemetry import semconv as sc
 
 __all__ = [
@@ -179,8 +181,8 @@ def _first(attributes: Mapping[str, str], keys: Sequence[str]) -> str | None:
 def _loads(text: str) -> Any:
     """JSON, else a Python literal (LangChain records dicts by ``str()``), else the text."""
     try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
+        return orjson.loads(text)
+    except (orjson.JSONDecodeError, RecursionError):
         pass
     if len(text) < 1_000_000 and text[:1] in "{[(":
         try:
