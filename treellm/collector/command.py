@@ -49,6 +49,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"wait for a busy store on exit (default {DEFAULTS.drain_timeout_s})",
     )
     add("--journal-dir", metavar="DIR", help="the journal folder (default <db>.collector)")
+    add(
+        "--header-timeout",
+        type=float,
+        metavar="S",
+        help=f"a request's headers must arrive within S seconds, else 408 (default {DEFAULTS.header_timeout_s})",
+    )
+    add(
+        "--body-timeout",
+        type=float,
+        metavar="S",
+        help=f"a request's whole body must arrive within S seconds, else 408 (default {DEFAULTS.body_timeout_s})",
+    )
+    add(
+        "--max-connections",
+        type=int,
+        metavar="N",
+        help=f"open connections above N are answered 503 (default {DEFAULTS.max_connections})",
+    )
     add("-v", "--verbose", action="store_true", help="log starts, stops and replays")
 
 
@@ -74,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
         flush_interval_s=args.flush_interval,
         drain_timeout_s=args.drain_timeout,
         journal_dir=Path(args.journal_dir) if args.journal_dir else None,
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
+        max_connections=args.max_connections,
     )
     return serve(
         db,

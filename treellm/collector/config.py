@@ -58,6 +58,16 @@ class CollectorConfig:
     - ``drain_timeout_s``: on shutdown, how long to keep trying to move the journal into
       a busy store before leaving it for the next start.
     - ``journal_dir``: the journal folder (default ``<db>.collector`` beside the store).
+    - ``header_timeout_s``: a connection must send a request's headers within this many
+      seconds of opening (or of the previous response); else it is answered 408 (when it
+      sent part of them) and closed. A client holding connections half-open holds no
+      file descriptor for longer.
+    - ``body_timeout_s``: the deadline on a request's whole body, from its headers to its
+      last byte (not per chunk: a client trickling a byte at a time is cut off all the same);
+      408 and the connection closed.
+    - ``max_connections``: open connections above this are answered 503 with
+      ``Retry-After`` (as soon as they send their headers) and closed, so the collector keeps
+      file descriptors for its journal, its store and the clients it serves.
     """
 
     host: str = "127.0.0.1"
@@ -71,6 +81,9 @@ class CollectorConfig:
     retry_after_s: int = 2
     drain_timeout_s: float = 30.0
     journal_dir: Path | None = None
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_connections: int = 256
 
     def __post_init__(self) -> None:
         _expect("host", isinstance(self.host, str) and bool(self.host.strip()), "a host name or address", self.host)
@@ -87,6 +100,9 @@ class CollectorConfig:
         _positive_number("drain_timeout_s", self.drain_timeout_s)
         _expect("journal_dir", self.journal_dir is None or isinstance(self.journal_dir, Path), "a path",
                 self.journal_dir)  # fmt: skip
+        _positive_number("header_timeout_s", self.header_timeout_s)
+        _positive_number("body_timeout_s", self.body_timeout_s)
+        _positive_int("max_connections", self.max_connections)
 
     def replace(self, **changes: Any) -> CollectorConfig:
         """A copy with ``changes`` applied (``None`` values are ignored: "not given")."""

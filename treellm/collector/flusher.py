@@ -24,20 +24,25 @@ Contract (runs on its own thread; never raises):
   segment grows (up to ``max_segment_bytes``) and the flush after the wait is one larger
   transaction rather than many small ones.
 - A segment the store refuses for its data (:class:`~treellm.errors.IngestError`, or a
-  DuckDB conversion, range, constraint or out-of-memory error: a line it cannot hold,
+  DuckDB conversion, range, constraint or out-of-memory error: a span it cannot hold,
   which the receiver's validation should make impossible, or a batch too large for the
-  ingester's memory limit) is split in two halves that are flushed on their own, and
-  so on: a good batch goes in in smaller transactions, and a bad line ends alone in a
-  one-line segment, which is moved to ``rejected/`` in the journal folder and logged. The
-  good lines are never held back by a bad one, and nothing is deleted. Any other failure
-  (disk, a corrupt store) is logged, counted and retried with backoff: the journal keeps
-  the data.
+  ingester's memory limit) is split in two halves (:meth:`Journal.split`) that are flushed
+  on their own right away, and so on: by lines, then a line of spans by its spans
+  (:func:`halve_traces_line`, each span keeping its resource and scope). A good batch goes
+  in in smaller transactions, and a bad span ends alone in a one-span segment, which is
+  set aside in ``rejected/`` in the journal folder with the store's error message
+  (:meth:`Journal.quarantine`) and logged: every good span of a refused line is stored,
+  and only the spans the store refuses are quarantined. Exactly once even across a
+  crash mid-split: the halves are fsync'd before the segment they replace goes, ingest is
+  idempotent by (trace_id, span_id), and the quarantine file is named by its content.
+  Any other failure (disk, a corrupt store) is logged, counted and retried with backoff:
+  the journal keeps the data.
 - Metric points (optional ``metrics_journal``, see :mod:`treellm.store.metrics`): each
   flush, after its span segment, inserts the oldest metrics segment (or the open one, cut)
   with :func:`~treellm.store.metrics.insert_point_lines`, in its own short transaction right
   after the span one, so both kinds share one flush and the readers' pause. The same rules
   apply: deleted after the commit (``point_id`` makes a replay harmless), busy and failures
-  retried, a refused segment split down to a quarantined line. A busy store skips the
+  retried, a refused segment split down to a quarantined point. A busy store skips the
   metrics until the next flush.
 - :meth:`Flusher.drain` (shutdown; the owner's thread, after :meth:`Flusher.stop`) flushes
   segment after segment without pausing; True once nothing is left, False when the
@@ -53,16 +58,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import duckdb
+import orjson
 
 from treellm.collector.journal import Journal, Segment
 from treellm.errors import IngestError, StoreBusyError, StoreError
 from treellm.store import FileReport, ingest_file
 from treellm.store.metrics import insert_point_lines
 
-__all__ = ["Flusher", "FlusherStats"]
+__all__ = ["Flusher", "FlusherStats", "halve_traces_line"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,13 +92,20 @@ class FlusherStats:
     point_duplicates: int = 0
 
 
-class _Lane:
-    """One journal and how its segments go into the store: ``load(path) -> (stored, duplicates)``."""
+HalveLine = Callable[[bytes], tuple[bytes, bytes] | None]
 
-    def __init__(self, journal: Journal, load: Callable[[Path], tuple[int, int]], noun: str) -> None:
+
+class _Lane:
+    """One journal and how its segments go into the store: ``load(path) -> (stored, duplicates)``;
+    ``halve_line`` splits a refused line in two (None: a line is the smallest unit)."""
+
+    def __init__(
+        self, journal: Journal, load: Callable[[Path], tuple[int, int]], noun: str, halve_line: HalveLine | None
+    ) -> None:
         self.journal = journal
         self.load = load
         self.noun = noun
+        self.halve_line = halve_line
         self.stored = 0
         self.duplicates = 0
 
@@ -107,6 +120,37 @@ _DATA_ERRORS = (
     duckdb.ConstraintException,
     duckdb.OutOfMemoryException,
 )
+
+
+def halve_traces_line(line: bytes) -> tuple[bytes, bytes] | None:
+    """An OTLP/JSON ``TracesData`` line of two spans or more as two lines: its first and its
+    second half of the spans, each span under a copy of its resource and scope (their other
+    fields kept). None for a single span, or a line that is not a ``TracesData`` document.
+    Pure; the halves hold every span of the line once, in order."""
+    try:
+        doc = orjson.loads(line)
+        placed = [(r, s, span) for r, rs in enumerate(doc["resourceSpans"])
+                  for s, ss in enumerate(rs["scopeSpans"]) for span in ss["spans"]]  # fmt: skip
+    except (orjson.JSONDecodeError, TypeError, KeyError):
+        return None
+    if len(placed) < 2:
+        return None
+    middle = len(placed) // 2
+    return _traces_line(doc, placed[:middle]), _traces_line(doc, placed[middle:])
+
+
+def _traces_line(doc: dict[str, Any], placed: list[tuple[int, int, Any]]) -> bytes:
+    """A ``TracesData`` line of the spans ``placed`` (resource index, scope index, span) of ``doc``."""
+    resources: list[dict[str, Any]] = []
+    last: tuple[int, int] | None = None
+    for r, s, span in placed:
+        if last is None or last[0] != r:
+            resources.append({**doc["resourceSpans"][r], "scopeSpans": []})
+        if last != (r, s):
+            resources[-1]["scopeSpans"].append({**doc["resourceSpans"][r]["scopeSpans"][s], "spans": []})
+        resources[-1]["scopeSpans"][-1]["spans"].append(span)
+        last = (r, s)
+    return orjson.dumps({**doc, "resourceSpans": resources}, option=orjson.OPT_APPEND_NEWLINE)
 
 
 def _refused_data(exc: StoreError) -> bool:
@@ -145,8 +189,8 @@ class Flusher:
         self._thread: threading.Thread | None = None
         self._flush_lock = threading.Lock()
         self._flushes = 0
-        self._spans = _Lane(journal, self._load_spans, "span(s)")
-        self._points = None if metrics_journal is None else _Lane(metrics_journal, self._load_points, "point(s)")
+        self._spans = _Lane(journal, self._load_spans, "span(s)", halve_traces_line)
+        self._points = None if metrics_journal is None else _Lane(metrics_journal, self._load_points, "point(s)", None)
         self._busy = 0
         self._failures = 0
         self._rejected = 0
@@ -239,7 +283,7 @@ class Flusher:
                 self._busy += 1
                 return "busy"
             if _refused_data(exc):
-                return self._reject(lane.journal, segment, exc)
+                return self._reject(lane, segment, exc)
             self._failures += 1
             logger.error("could not flush %s into %s (kept, retried): %s", segment.path, self.db, exc)
             return "failed"
@@ -258,19 +302,26 @@ class Flusher:
         )  # fmt: skip
         return "done"
 
-    def _reject(self, journal: Journal, segment: Segment, exc: StoreError) -> Outcome:
+    def _reject(self, lane: _Lane, segment: Segment, exc: StoreError) -> Outcome:
+        """Split a refused segment and flush its halves now (so on down to the refused spans), or
+        quarantine it with the store's reason once it holds a single span (or an unsplittable line)."""
         try:
-            halves = journal.split(segment)
+            halves = lane.journal.split(segment, lane.halve_line)
+            if halves is None:
+                target = lane.journal.quarantine(segment, str(exc))
         except OSError as error:
             self._failures += 1
-            logger.error("could not split %s after the store refused it (%s): %s", segment.path, exc, error)
+            logger.error("could not set aside %s after the store refused it (%s): %s", segment.path, exc, error)
             return "failed"
-        if halves is not None:
-            logger.warning("the store refused %s (%s); flushing its halves apart", segment.path.name, exc)
+        if halves is None:
+            self._rejected += 1
+            logger.error("the store refuses %s of the journal (%s); set them aside in %s", lane.noun, exc, target)
             return "done"
-        self._rejected += 1
-        target = journal.quarantine(segment)
-        logger.error("the store refuses a journaled line (%s); moved it to %s", exc, target)
+        logger.debug("the store refused %s (%s); flushing its halves apart", segment.path.name, exc)
+        for half in halves:
+            outcome = self._flush_segment(lane, half)
+            if outcome != "done":
+                return outcome  # what is left waits at the head of the journal for the next flush
         return "done"
 
     def stats(self) -> FlusherStats:

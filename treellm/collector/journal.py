@@ -22,8 +22,12 @@ Contract:
 - :meth:`Journal.cut` closes the open segment (the flusher calls it before each flush);
   a segment also closes when it reaches ``max_segment_bytes``. Closed segments are
   immutable; :meth:`Journal.remove` deletes one after its spans are committed to the store;
-  :meth:`Journal.split` halves one the store refuses (to find a bad line, or to make a
-  transaction smaller); :meth:`Journal.quarantine` moves a refused single line aside.
+  :meth:`Journal.split` halves one the store refuses (its lines, or the one line's spans
+  when the caller says how: to find a bad span, or to make a transaction smaller);
+  :meth:`Journal.quarantine` sets a refused line aside in ``rejected/`` with the reason.
+  Splitting and quarantine are crash-safe: the new files are fsync'd before the old one
+  goes, and a crash in between replays both, which the store's idempotent ingest makes
+  harmless; a quarantine file is named by its line's hash, so a replay rewrites it.
 - Recovery: segments left by an earlier process are closed segments of this one. A torn
   last line (a write cut by a crash, never acknowledged) is truncated away first.
 """
@@ -31,6 +35,7 @@ Contract:
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import logging
 import os
 import threading
@@ -38,6 +43,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+
+import orjson
 
 from treellm.collector.errors import CollectorError, JournalError, Overloaded
 from treellm.exporters.jsonl import end_of_last_line
@@ -77,6 +84,27 @@ def _fsync_folder(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _write_synced(path: Path, data: bytes, *, exclusive: bool = True) -> None:
+    """Write ``data`` as the file ``path`` (a new one when ``exclusive``) and fsync it."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
+    fd = os.open(path, flags, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _parsed(line: bytes) -> object:
+    """A journal line as JSON, or as text when it is not JSON (what the store refused may be either)."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return line.decode("utf-8", "replace")
 
 
 def truncate_torn_tail(path: Path) -> int:
@@ -361,29 +389,30 @@ class Journal:
         segment.path.unlink(missing_ok=True)
         self._forget(segment)
 
-    def split(self, segment: Segment) -> tuple[Segment, Segment] | None:
-        """Replace a closed segment of two lines or more by two segments holding its halves, in its
-        place at the head of the queue (None for a single line). Crash-safe: the halves are fsync'd
-        before the original goes; a crash in between replays both, which ingest deduplicates."""
+    def split(
+        self, segment: Segment, halve_line: Callable[[bytes], tuple[bytes, bytes] | None] | None = None
+    ) -> tuple[Segment, Segment] | None:
+        """Replace a closed segment by two segments holding its halves, in its place at the head of
+        the queue: its first and second half of the lines, or, for a single line, the two lines
+        ``halve_line`` makes of it (None when there is no ``halve_line`` or it returns None: the
+        line cannot be split). Crash-safe: the halves are fsync'd before the original goes; a
+        crash in between replays both, which ingest deduplicates."""
         lines = segment.path.read_bytes().splitlines(keepends=True)
-        if len(lines) < 2:
+        parts: tuple[bytes, bytes] | None = None
+        if len(lines) >= 2:
+            middle = len(lines) // 2
+            parts = b"".join(lines[:middle]), b"".join(lines[middle:])
+        elif len(lines) == 1 and halve_line is not None:
+            parts = halve_line(lines[0])
+        if parts is None:
             return None
-        middle = len(lines) // 2
         halves = []
-        for part in (lines[:middle], lines[middle:]):
+        for data in parts:
             with self._lock:
                 sequence = self._next_sequence
                 self._next_sequence += 1
             path = self.folder / f"{sequence:016d}{_SUFFIX}"
-            data = b"".join(part)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _write_synced(path, data)
             halves.append(Segment(path, len(data), sequence))
         _fsync_folder(self.folder)
         with self._lock:
@@ -393,12 +422,28 @@ class Journal:
         segment.path.unlink(missing_ok=True)
         return halves[0], halves[1]
 
-    def quarantine(self, segment: Segment) -> Path:
-        """Move a segment the store refuses to ``rejected/`` (kept for inspection); returns its new path."""
+    def quarantine(self, segment: Segment, reason: str) -> Path:
+        """Set a segment the store refuses aside in ``rejected/`` with ``reason``; returns the file.
+
+        The file (``<sha256 of the data, 16 hex digits>.json``) holds one JSON object:
+        ``reason``, the ``segment`` it came from and ``lines``, the refused lines (parsed; a
+        line that is not JSON as its text). Crash-safe and idempotent: written in full and
+        fsync'd before the segment goes, named by its content, so a replay rewrites the same file.
+        """
+        data = segment.path.read_bytes()
         folder = self.folder / REJECTED_FOLDER
         folder.mkdir(exist_ok=True)
-        target = folder / segment.path.name
-        segment.path.replace(target)
+        target = folder / f"{hashlib.sha256(data).hexdigest()[:16]}.json"
+        record = {
+            "reason": reason,
+            "segment": segment.path.name,
+            "lines": [_parsed(line) for line in data.splitlines()],
+        }
+        staging = target.with_suffix(".tmp")
+        _write_synced(staging, orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE), exclusive=False)
+        staging.replace(target)
+        _fsync_folder(folder)
+        segment.path.unlink(missing_ok=True)
         self._forget(segment)
         return target
 

@@ -22,6 +22,7 @@ Requests whose ``Content-Type`` is neither protobuf nor JSON get a JSON ``Status
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from typing import Final, Literal
 
@@ -71,6 +72,7 @@ _GRPC_CODE: Final = {
     401: code_pb2.UNAUTHENTICATED,
     404: code_pb2.NOT_FOUND,
     405: code_pb2.UNIMPLEMENTED,
+    408: code_pb2.DEADLINE_EXCEEDED,
     413: code_pb2.RESOURCE_EXHAUSTED,
     415: code_pb2.INVALID_ARGUMENT,
     429: code_pb2.RESOURCE_EXHAUSTED,
@@ -96,14 +98,21 @@ def media_type(encoding: Encoding) -> str:
     return "application/x-protobuf" if encoding == "protobuf" else "application/json"
 
 
-def bearer_matches(authorization: str | None, token: str) -> bool:
-    """Whether ``Authorization: Bearer <token>`` holds ``token`` (constant-time comparison)."""
+def bearer_matches(authorization: bytes | None, token: str) -> bool:
+    """Whether the raw ``Authorization`` header value is ``Bearer <token>``.
+
+    Compared on bytes: the header as sent against the token's UTF-8, so a token with
+    non-ASCII characters matches (a header decoded as Latin-1, as ASGI servers do, would
+    not). Constant time: both sides are hashed first, so neither the first differing byte
+    nor the token's length shows in the time taken.
+    """
     if not authorization:
         return False
-    scheme, _, credentials = authorization.strip().partition(" ")
-    if scheme.lower() != "bearer":
+    scheme, _, credentials = authorization.strip().partition(b" ")
+    if scheme.lower() != b"bearer":
         return False
-    return hmac.compare_digest(credentials.strip().encode("utf-8"), token.encode("utf-8"))
+    given = hashlib.sha256(credentials.strip()).digest()
+    return hmac.compare_digest(given, hashlib.sha256(token.encode("utf-8")).digest())
 
 
 def success_body(encoding: Encoding, decoded: Decoded | None) -> bytes:

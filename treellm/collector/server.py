@@ -20,6 +20,22 @@ Contract:
   are fsync'd in the metrics journal; the flusher inserts them into ``metric_points``
   (:mod:`treellm.store.metrics`, which explains the design).
 - Bodies above 256 KiB are decoded on a worker thread so the event loop keeps serving.
+- Hostile or broken clients cannot hold the collector (uvicorn's h11 protocol, extended
+  by :class:`_GuardedH11`): a connection that has not sent a request's headers
+  ``header_timeout_s`` after it opened (or after its previous response) is answered 408
+  (when it sent part of them) and closed; a body not whole ``body_timeout_s`` after its
+  headers is answered 408 and its connection closed (a deadline on the whole body, not per
+  chunk); a connection opened while ``max_connections`` are open is answered 503 with
+  ``Retry-After`` and closed. The collector accepts connections itself
+  (:meth:`Collector._accept`, not asyncio's server, which on Python 3.11 retries a failed
+  accept up to its backlog of 2048 times per event-loop turn, logging a traceback each
+  time): a failed accept (EMFILE, ENFILE: out of file descriptors; ENOBUFS, ENOMEM) pauses
+  accepting, 50 ms doubling to 1 s while it keeps failing, and is logged once per burst
+  (the first failure, then how many there were once an accept works again,
+  :class:`_Bursts`). The timeouts, refused connections and failed accepts are counted in
+  ``/health``.
+- ``Authorization`` is compared on the header's raw bytes
+  (:func:`~treellm.collector.protocol.bearer_matches`): a UTF-8 token works.
 - :func:`serve` runs a collector until SIGTERM or SIGINT (a second signal stops waiting
   for a busy store) and returns the exit code: 0 once drained, 75 (EX_TEMPFAIL) when
   spans had to stay in the journal (they go into the store at the next start), 1 when the
@@ -39,7 +55,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import uvicorn
 from starlette.applications import Starlette
@@ -47,11 +63,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from treellm.collector.config import DEFAULTS, CollectorConfig, journal_folder
 from treellm.collector.decode import Decoded, Encoding, decode_metrics_request, decode_request, decompress
 from treellm.collector.errors import BadRequest, CollectorError, JournalError, Overloaded, PayloadTooLarge
-from treellm.collector.flusher import Flusher, FlusherStats
+from treellm.collector.flusher import Flusher, FlusherStats, IngestFn
 from treellm.collector.journal import Journal, JournalStats
 from treellm.collector.protocol import (
     ContentCoding,
@@ -64,6 +82,7 @@ from treellm.collector.protocol import (
     success_body,
 )
 from treellm.errors import ConfigError
+from treellm.store import ingest_file
 
 __all__ = [
     "EXIT_DRAINED",
@@ -86,6 +105,14 @@ EXIT_JOURNAL_KEPT: Final = 75  # EX_TEMPFAIL: try again later
 _THREAD_DECODE_BYTES: Final = 256 * 1024
 _START_TIMEOUT_S: Final = 10.0
 _GRACEFUL_S: Final = 10
+_BACKLOG: Final = 2048
+_ACCEPT_PAUSE_FIRST_S: Final = 0.05
+_ACCEPT_PAUSE_MAX_S: Final = 1.0
+_HEADER_TIMEOUT_BODY: Final = b"the request headers did not arrive in time"
+_HEADER_TIMEOUT_RESPONSE: Final = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
+    b"connection: close\r\n\r\n%s" % (len(_HEADER_TIMEOUT_BODY), _HEADER_TIMEOUT_BODY)
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +126,9 @@ class CollectorStats:
     accepted_points: int = 0
     rejected_points: int = 0
     metrics_journal: JournalStats | None = None
+    timed_out: int = 0
+    over_capacity: int = 0
+    accept_errors: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,18 +151,125 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-class Collector:
-    """An OTLP/HTTP receiver writing into the store at ``db`` (see the module docstring)."""
+class _Bursts:
+    """Counts a recurring trouble and logs it once per burst: the first occurrence, then nothing
+    until :meth:`end` (the trouble is over), which logs how many there were. Event loop thread only."""
 
-    def __init__(self, db: str | os.PathLike[str], config: CollectorConfig = DEFAULTS) -> None:
+    def __init__(self, first: str, over: str) -> None:
+        self.total = 0
+        self._burst = 0
+        self._first = first
+        self._over = over
+
+    def note(self, *args: object) -> None:
+        self.total += 1
+        self._burst += 1
+        if self._burst == 1:
+            logger.warning(self._first, *args)
+
+    def end(self) -> None:
+        if self._burst:
+            logger.warning(self._over, self._burst)
+            self._burst = 0
+
+
+class _ConnectionRules:
+    """What every connection of one collector obeys (:class:`_GuardedH11`); its counters."""
+
+    def __init__(self, config: CollectorConfig, over_capacity: ASGIApp) -> None:
+        self.max_connections = config.max_connections
+        self.header_timeout_s = config.header_timeout_s
+        self.over_capacity_app = over_capacity
+        self.timed_out = 0
+        self.over_capacity = _Bursts(
+            f"refusing connections above {config.max_connections} open ones with 503 (logged once until one is taken)",
+            "taking connections again after refusing %d above the limit",
+        )
+        self.accept_errors = _Bursts(
+            "cannot accept connections: %s; pausing and retrying (logged once until accepting works again)",
+            "accepting connections again after %d failed accept(s)",
+        )
+
+
+def _guarded_protocol(rules: _ConnectionRules) -> type[_GuardedH11]:
+    """uvicorn's HTTP protocol class bound to one collector's ``rules``."""
+
+    class Guarded(_GuardedH11):
+        _rules = rules
+
+    return Guarded
+
+
+class _GuardedH11(H11Protocol):
+    """uvicorn's h11 protocol with the collector's connection rules (the module docstring): a
+    deadline on the headers of each request and a cap on open connections. Event loop thread only."""
+
+    _rules: ClassVar[_ConnectionRules]
+    _header_timer: asyncio.TimerHandle | None = None
+    _heard = False  # bytes received since the header deadline was set
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        rules = self._rules
+        if len(self.connections) > rules.max_connections:
+            rules.over_capacity.note()
+            self.app = rules.over_capacity_app
+        else:
+            rules.over_capacity.end()
+        self._set_header_deadline()
+
+    def data_received(self, data: bytes) -> None:
+        self._heard = True
+        super().data_received(data)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._set_header_deadline()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        super().connection_lost(exc)
+
+    def _set_header_deadline(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+        self._heard = False
+        self._header_timer = self.loop.call_later(self._rules.header_timeout_s, self._header_deadline)
+
+    def _header_deadline(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            return  # a request is under way: its body has a deadline of its own (Collector._receive)
+        self._rules.timed_out += 1
+        if self._heard:  # part of a request: say why; an idle keep-alive connection is just closed
+            self.transport.write(_HEADER_TIMEOUT_RESPONSE)
+        self.transport.close()
+
+
+class Collector:
+    """An OTLP/HTTP receiver writing into the store at ``db`` (see the module docstring).
+
+    ``ingest`` is how the flusher writes a journal segment into the store
+    (:func:`~treellm.store.ingest_file`; a seam: a test refuses spans or holds a flush with it).
+    """
+
+    def __init__(
+        self, db: str | os.PathLike[str], config: CollectorConfig = DEFAULTS, *, ingest: IngestFn = ingest_file
+    ) -> None:
         self.db = Path(db)
         self.config = config
         folder = journal_folder(db, config)
         self.journal = self._journal(folder)
         self.metrics_journal = self._journal(folder / METRICS_FOLDER)
         self.flusher = Flusher(
-            self.db, self.journal, interval_s=config.flush_interval_s, metrics_journal=self.metrics_journal
-        )
+            self.db, self.journal, interval_s=config.flush_interval_s, metrics_journal=self.metrics_journal,
+            ingest=ingest,
+        )  # fmt: skip
         self.app = Starlette(
             routes=[
                 Route(TRACES_PATH, self._traces, methods=["POST"]),
@@ -141,8 +278,12 @@ class Collector:
             ]
         )
         self._retry_after = {"Retry-After": str(config.retry_after_s)}
+        self._rules = _ConnectionRules(config, self._over_capacity)
+        self._protocol = _guarded_protocol(self._rules)
         self._socket: socket.socket | None = None
         self._server: uvicorn.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._accepting: asyncio.Task[None] | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._started = False
@@ -170,6 +311,8 @@ class Collector:
         if self._started or self._stopping:
             raise CollectorError("a collector starts once: make a new one to start again")
         sock = _bind(self.config.host, self.config.port)
+        sock.listen(_BACKLOG)
+        sock.setblocking(False)
         try:
             recovered = self.journal.open()
             try:
@@ -191,7 +334,7 @@ class Collector:
         self.metrics_url = f"http://{host}:{port}{METRICS_PATH}"
         config = uvicorn.Config(
             self.app, host=self.config.host, port=port, log_config=None, access_log=False, lifespan="off",
-            ws="none", server_header=False, timeout_graceful_shutdown=_GRACEFUL_S,
+            ws="none", server_header=False, timeout_graceful_shutdown=_GRACEFUL_S, http=self._protocol,
         )  # fmt: skip
         self._server = uvicorn.Server(config)  # on its own thread: uvicorn leaves the signals alone
         self._thread = threading.Thread(target=self._serve, name="treellm-collector-http", daemon=True)
@@ -208,11 +351,49 @@ class Collector:
         logger.info("listening on %s; journal %s; store %s", self.url, self.journal.folder, self.db)
 
     def _serve(self) -> None:
-        assert self._server is not None and self._socket is not None
         try:
-            asyncio.run(self._server.serve(sockets=[self._socket]))
+            asyncio.run(self._serve_forever())
         except Exception:
             logger.exception("the HTTP server of the collector failed")
+
+    async def _serve_forever(self) -> None:
+        """uvicorn serves the connections that :meth:`_accept` hands it (it listens on no socket)."""
+        server, sock = self._server, self._socket
+        assert server is not None and sock is not None
+        loop = asyncio.get_running_loop()
+        protocol = self._protocol
+
+        def connection() -> asyncio.Protocol:  # as uvicorn makes them (no lifespan: no state)
+            return protocol(config=server.config, server_state=server.server_state, app_state={}, _loop=loop)
+
+        self._loop = loop
+        self._accepting = asyncio.create_task(self._accept(sock, connection))
+        try:
+            await server.serve(sockets=[])
+        finally:
+            self._accepting.cancel()
+
+    async def _accept(self, sock: socket.socket, connection: Callable[[], asyncio.Protocol]) -> None:
+        """Accept connections until cancelled; a failed accept pauses (the module docstring)."""
+        loop = asyncio.get_running_loop()
+        pause = _ACCEPT_PAUSE_FIRST_S
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(sock)
+            except ConnectionAbortedError:  # the client left while waiting in the backlog
+                continue
+            except OSError as exc:  # EMFILE, ENFILE, ENOBUFS, ENOMEM... accepting again at once would spin
+                self._rules.accept_errors.note(exc.strerror or exc)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, _ACCEPT_PAUSE_MAX_S)
+                continue
+            pause = _ACCEPT_PAUSE_FIRST_S
+            self._rules.accept_errors.end()
+            try:
+                await loop.connect_accepted_socket(connection, conn)
+            except OSError as exc:
+                conn.close()
+                logger.debug("dropped an accepted connection: %s", exc)
 
     @property
     def running(self) -> bool:
@@ -225,6 +406,8 @@ class Collector:
             return True
         self._started = False
         self._stopping = True
+        if self._loop is not None and self._accepting is not None:
+            self._loop.call_soon_threadsafe(self._accepting.cancel)  # accept no more, at once
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:
@@ -266,6 +449,9 @@ class Collector:
             accepted_points=self._accepted_points,
             rejected_points=self._rejected_points,
             metrics_journal=self.metrics_journal.stats(),
+            timed_out=self._rules.timed_out,
+            over_capacity=self._rules.over_capacity.total,
+            accept_errors=self._rules.accept_errors.total,
         )
 
     # -- HTTP ------------------------------------------------------------------------------------------
@@ -287,6 +473,13 @@ class Collector:
             media_type=media_type(encoding or "json"),
             headers=headers,
         )
+
+    async def _over_capacity(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The application of a connection opened above ``max_connections``: 503, then close."""
+        encoding = request_encoding(Request(scope).headers.get("content-type"))
+        message = f"more than {self.config.max_connections} connections are open: retry later"
+        response = self._error(encoding, 503, message, headers={**self._retry_after, "Connection": "close"})
+        await response(scope, receive, send)
 
     async def _health(self, request: Request) -> Response:
         return JSONResponse({"status": "stopping" if self._stopping else "ok", **self.stats().to_json()})
@@ -320,7 +513,7 @@ class Collector:
         headers = request.headers
         encoding = request_encoding(headers.get("content-type"))
         token = self.config.token
-        if token is not None and not bearer_matches(headers.get("authorization"), token):
+        if token is not None and not bearer_matches(_raw_header(request, b"authorization"), token):
             return self._error(encoding, 401, "missing or wrong bearer token",
                                headers={"WWW-Authenticate": 'Bearer realm="treellm"'})  # fmt: skip
         if encoding is None:
@@ -337,11 +530,16 @@ class Collector:
             return self._error(encoding, refusal.status, str(refusal), headers=self._retry_after)
         limit = self.config.max_body_bytes
         try:
-            body = await self._read_body(request, limit)
+            async with asyncio.timeout(self.config.body_timeout_s):  # the whole body, however it trickles in
+                body = await self._read_body(request, limit)
             decoded = await self._decode(body, coding, encoding, limit, decode)
         except ClientDisconnect:  # the client gave up while sending: nobody to answer
             self._refused += 1
             return Response(status_code=400)
+        except TimeoutError:
+            self._rules.timed_out += 1
+            return self._error(encoding, 408, f"the body did not arrive within {self.config.body_timeout_s} s",
+                               headers={"Connection": "close"})  # fmt: skip
         except PayloadTooLarge as exc:
             return self._error(encoding, 413, str(exc))
         except BadRequest as exc:
@@ -387,6 +585,14 @@ class Collector:
         if len(body) > _THREAD_DECODE_BYTES or coding != "identity":
             return await run_in_threadpool(work)
         return work()
+
+
+def _raw_header(request: Request, name: bytes) -> bytes | None:
+    """A header's value as sent (Starlette decodes them as Latin-1)."""
+    for key, value in request.headers.raw:
+        if key.lower() == name:
+            return value
+    return None
 
 
 def token_from_env(variable: str) -> str:
