@@ -65,6 +65,6 @@ def test_ingest_prints_the_counts_as_json_and_a_bad_file_is_one_line(tmp_path: A
     )  # fmt: skip
     assert failed.returncode == 1
     assert failed.stderr.strip().splitlines() == [
-        f"treellm: error: {bad}:2: resourceSpans[0].scopeSpans[0].spans[0]: traceId: expected 32 hex digits "
-        "(not all zero), got 1"
+        f"treellm: error: {bad}:2: resourceSpans[0].scopeSpans[0].spans[0].traceId: expected 32 hex digits, "
+        "not all zero, got the number 1"
     ]
