@@ -1,4 +1,8 @@
-"""Navigation only: the five pages of the treellm dashboard."""
+"""Navigation only: the five pages of the treellm dashboard.
+
+The page icon is a local file (a Material or emoji favicon would be fetched from a font
+CDN): nothing the dashboard shows is loaded from outside the machine.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import streamlit as st
 
 HERE = Path(__file__).resolve().parent
 
-st.set_page_config(page_title="treellm", page_icon=":material/account_tree:", layout="wide")
+st.set_page_config(page_title="treellm", page_icon=HERE / "icon.svg", layout="wide")
 pages = [
     st.Page(HERE / "views" / "overview.py", title="Overview", icon=":material/insights:", default=True),
     st.Page(HERE / "views" / "run_explorer.py", title="Run explorer", icon=":material/account_tree:", url_path="run"),

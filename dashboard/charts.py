@@ -1,7 +1,9 @@
 """Pure ``DataFrame -> plotly Figure`` builders: no Streamlit, no store, unit-tested.
 
-Everything that comes from a trace is escaped before it reaches a figure (plotly renders
-a few HTML tags in hover text and labels), so tool arguments can never inject markup.
+Everything that comes from a trace goes through :func:`plotly_text` before it reaches a
+figure: plotly renders a subset of HTML (``<b>``, ``<a href>``, ``<br>``, ``<span style>``,
+entities) in text, hover text, legend names, titles and tick labels, so a name, id or
+argument could otherwise inject markup or a link. Node ids never serve as plotly ids.
 Trees are laid out by igraph's Reingold-Tilford layout, or drawn as an icicle (plotly's
 own layout) when large.
 """
@@ -19,6 +21,7 @@ import plotly.graph_objects as go
 __all__ = [
     "KIND_COLORS",
     "TREE_ICICLE_AT",
+    "plotly_text",
     "prune_rate_chart",
     "repeat_outcomes_chart",
     "runs_over_time_chart",
@@ -35,12 +38,15 @@ TREE_ICICLE_AT = 400
 """From this many nodes, the run explorer draws an icicle instead of a node-link tree."""
 
 
-def _text(value: Any, limit: int = 160) -> str:
-    if value is None or (isinstance(value, float) and pd.isna(value)):
+def plotly_text(value: Any, limit: int = 160) -> str:
+    """``value`` as plotly text that shows exactly that text: cut to ``limit`` characters,
+    on one line, with ``&``, ``<`` and ``>`` escaped (plotly decodes ``&amp;``, ``&lt;``
+    and ``&gt;`` but not ``&quot;``, so quotes stay as they are). Missing values are ``""``."""
+    if value is None or value is pd.NA or (isinstance(value, float) and pd.isna(value)):
         return ""
-    text = str(value)
+    text = " ".join(str(value).split())
     text = text if len(text) <= limit else text[: limit - 1] + "…"
-    return html.escape(text).replace("\n", " ")
+    return html.escape(text, quote=False)
 
 
 def _empty(title: str, message: str) -> go.Figure:
@@ -70,7 +76,7 @@ def prune_rate_chart(rates: pd.DataFrame, top: int = 15) -> go.Figure:
     if rates.empty:
         return _empty("Prune rate per tool", "no tool calls")
     data = rates.sort_values(["pruned", "calls"], ascending=False).head(top)
-    tools = [_text(t) for t in data["tool"]]
+    tools = [plotly_text(t) for t in data["tool"]]
     fig = go.Figure()
     fig.add_bar(y=tools, x=data["calls"], name="executed", orientation="h", marker_color="#9ECAE9")
     for column, name, color in (("pruned_prune", "pruned", "#E45756"), ("pruned_nudge", "nudged", "#F58518"),
@@ -89,7 +95,7 @@ def repeat_outcomes_chart(outcomes: pd.DataFrame) -> go.Figure:
         return _empty("Repeat outcomes", "no executed repeats (ordinal >= 2)")
     per_tool = outcomes.groupby("tool")[["productive", "wasted"]].sum().reset_index()
     per_tool = per_tool.sort_values("wasted", ascending=False)
-    tools = [_text(t) for t in per_tool["tool"]]
+    tools = [plotly_text(t) for t in per_tool["tool"]]
     fig = go.Figure()
     fig.add_bar(x=tools, y=per_tool["productive"], name="productive", marker_color="#54A24B")
     fig.add_bar(x=tools, y=per_tool["wasted"], name="wasted", marker_color="#E45756")
@@ -101,7 +107,7 @@ def what_if_chart(table: pd.DataFrame, tool: str) -> go.Figure:
     """For one tool, calls saved (wasted) and lost (productive) at each limit."""
     data = table[table["tool"] == tool]
     if data.empty:
-        return _empty(f"What if: {_text(tool)}", "no calls of this tool")
+        return _empty(f"What if: {plotly_text(tool)}", "no calls of this tool")
     fig = go.Figure()
     fig.add_bar(x=data["limit"], y=data["saved"], name="saved (wasted repeats pruned)", marker_color="#54A24B")
     fig.add_bar(x=data["limit"], y=data["lost"], name="lost (productive repeats pruned)", marker_color="#E45756")
@@ -110,7 +116,7 @@ def what_if_chart(table: pd.DataFrame, tool: str) -> go.Figure:
     fig.add_scatter(x=data["limit"], y=data["branches_ended"], name="branches that would end", mode="lines+markers")
     current = int(data["current_limit"].iloc[0])
     fig.add_vline(x=current, line_dash="dash", annotation_text=f"current limit {current}")
-    fig.update_layout(title=f"What if: limits for {_text(tool)}", xaxis_title="max_repeats", barmode="group",
+    fig.update_layout(title=f"What if: limits for {plotly_text(tool)}", xaxis_title="max_repeats", barmode="group",
                       height=340)  # fmt: skip
     return fig
 
@@ -124,9 +130,9 @@ def shape_scatter(groups: pd.DataFrame, color: str = "agent") -> go.Figure:
     biggest = max(int(groups["runs"].max()), 1)
     for value, group in groups.groupby(color):
         fig.add_scatter(
-            x=group["max_depth"], y=group["max_breadth"], mode="markers", name=_text(value),
+            x=group["max_depth"], y=group["max_breadth"], mode="markers", name=plotly_text(value),
             marker={"size": 6 + 30 * (group["runs"] / biggest) ** 0.5, "opacity": 0.6},
-            hovertext=[f"{r} run(s) · depth {d} · breadth {b} · {n:.0f} nodes on average · e.g. {_text(e)}"
+            hovertext=[f"{r} run(s) · depth {d} · breadth {b} · {n:.0f} nodes on average · e.g. {plotly_text(e)}"
                        for r, d, b, n, e in zip(group["runs"], group["max_depth"], group["max_breadth"],
                                                 group["nodes"], group["example"], strict=True)],
             hoverinfo="text",
@@ -141,18 +147,27 @@ def shape_scatter(groups: pd.DataFrame, color: str = "agent") -> go.Figure:
 
 def _node_label(row: Any) -> str:
     if row.kind == "tool":
-        return f"{_text(row.tool, 40)} #{row.ordinal}" if pd.notna(row.ordinal) else _text(row.tool, 40)
-    return str(row.kind)
+        tool = plotly_text(row.tool, 40)
+        return f"{tool} #{plotly_text(row.ordinal)}" if pd.notna(row.ordinal) else tool
+    return plotly_text(row.kind)
 
 
 def _hover(row: Any) -> str:
-    parts = [f"{row.node_id} · {row.kind} · {row.status} · depth {row.depth}"]
+    t = plotly_text  # every value below comes from the trace
+    parts = [f"{t(row.node_id)} · {t(row.kind)} · {t(row.status)} · depth {t(row.depth)}"]
     if row.kind == "tool":
-        parts.append(f"{_text(row.tool)} {_text(row.arguments, 120)}")
-        parts.append(f"ordinal {row.ordinal} / limit {row.limit} ({_text(row.limit_source)})")
+        parts.append(f"{t(row.tool)} {t(row.arguments, 120)}")
+        parts.append(f"ordinal {t(row.ordinal)} / limit {t(row.limit)} ({t(row.limit_source)})")
     if isinstance(row.skill_stack, str) and row.skill_stack not in ("", "[]"):
-        parts.append(f"skill {_text(row.skill_stack)}")
+        parts.append(f"skill {t(row.skill_stack)}")
     return "<br>".join(parts)
+
+
+def _pruned_hover(row: Any, sep: str) -> str:
+    t = plotly_text  # every value below comes from the trace
+    shadow = " · shadow" if row.shadow else ""
+    return (f"pruned {t(row.tool)} {t(row.arguments, 100)}{sep}count {t(row.count)} ≥ limit {t(row.limit)} "
+            f"({t(row.limit_source)}) · {t(row.action)}{shadow}")  # fmt: skip
 
 
 def tree_figure(nodes: pd.DataFrame, loops: pd.DataFrame, selected: str | None = None) -> go.Figure:
@@ -195,12 +210,10 @@ def tree_figure(nodes: pd.DataFrame, loops: pd.DataFrame, selected: str | None =
         gx = [xs[len(ids) + i] for i in range(len(ghosts))]
         gy = [ys[len(ids) + i] for i in range(len(ghosts))]
         fig.add_scatter(
-            x=gx, y=gy, mode="markers+text", name="pruned call", text=[_text(r.tool, 30) for _, r in ghosts],
+            x=gx, y=gy, mode="markers+text", name="pruned call", text=[plotly_text(r.tool, 30) for _, r in ghosts],
             textposition="bottom center", textfont={"size": 9, "color": "#E45756"},
             marker={"size": 11, "color": PRUNED_COLOR, "symbol": "x", "line": {"width": 1, "color": "#E45756"}},
-            hovertext=[f"pruned {_text(r.tool)} {_text(r.arguments, 100)}<br>count {r.count} ≥ limit {r.limit} "
-                       f"({_text(r.limit_source)}) · {_text(r.action)}{' · shadow' if r.shadow else ''}"
-                       for _, r in ghosts],
+            hovertext=[_pruned_hover(r, "<br>") for _, r in ghosts],
             hoverinfo="text", customdata=[r.node_id for _, r in ghosts],
         )  # fmt: skip
         tx, ty = [], []
@@ -242,19 +255,19 @@ def tree_icicle(nodes: pd.DataFrame, loops: pd.DataFrame) -> go.Figure:
     pruned calls as red boxes under the ThinkNode that asked. Readable at thousands of nodes."""
     if nodes.empty:
         return _empty("Run tree", "no nodes")
-    known = set(nodes["node_id"])
-    ids = list(nodes["node_id"])
-    parents = [p if p in known else "" for p in nodes["parent_id"]]
+    index = {node_id: f"n{i}" for i, node_id in enumerate(nodes["node_id"])}  # plotly ids: never the trace's
+    ids = list(index.values())
+    parents = [index.get(p, "") for p in nodes["parent_id"]]
     labels = [_node_label(r) for r in nodes.itertuples(index=False)]
     colors = [KIND_COLORS.get(str(k), "#999") for k in nodes["kind"]]
     hover = [_hover(r) for r in nodes.itertuples(index=False)]
     for i, row in enumerate(loops.itertuples(index=False)):
-        if row.node_id in known:
-            ids.append(f"pruned-{i}")
-            parents.append(row.node_id)
-            labels.append(f"✂ {_text(row.tool, 30)}")
+        if row.node_id in index:
+            ids.append(f"p{i}")
+            parents.append(index[row.node_id])
+            labels.append(f"✂ {plotly_text(row.tool, 30)}")
             colors.append("#E45756")
-            hover.append(f"pruned {_text(row.tool)} {_text(row.arguments, 100)} · count {row.count} ≥ {row.limit}")
+            hover.append(_pruned_hover(row, " · "))
     fig = go.Figure(
         go.Icicle(
             ids=ids,

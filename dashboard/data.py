@@ -9,10 +9,12 @@ Hard rules (``docs/architecture.md``, storage model):
   sizes and modification times), so pages stay fast on an unchanged store and a live store
   (the collector flushes every second or so) shows new data at the next render;
 - a lock conflict is retried with backoff; if the writer still holds the store the page
-  shows "store busy, retrying" (:func:`show_problems`) instead of crashing.
+  shows "store busy, retrying" (:func:`show_problems`) instead of crashing, and reruns by
+  itself once the writer lets go.
 
 The store comes from ``TREELLM_DASHBOARD_PARQUET`` (folders separated by the path
-separator), else ``TREELLM_DASHBOARD_DB``, else the default store.
+separator), else ``TREELLM_DASHBOARD_DB``, else the default store. What the store holds is
+shown as text, never Markdown (``dashboard.text``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import duckdb
 import pandas as pd
 import streamlit as st
 
+from dashboard.text import literal
 from treellm import analysis
 from treellm.analysis import Filters
 from treellm.errors import StoreBusyError, StoreError
@@ -86,15 +89,45 @@ def _connect(src: Source) -> Iterator[duckdb.DuckDBPyConnection]:
 
 @contextlib.contextmanager
 def show_problems() -> Iterator[None]:
-    """Render a busy or missing store as a message (with a retry button), never a traceback."""
+    """Render a busy or missing store as a message, never a traceback. A busy page
+    recovers by itself: it checks the store every :data:`BUSY_RETRY_S` seconds and
+    reruns as soon as the writer lets go (the button only saves the wait)."""
     try:
         yield
     except StoreBusyError:
-        st.warning("Store busy, retrying: a writer holds the store's lock. The page refreshes when it is free.")
+        st.warning("Store busy, retrying: a writer holds the store's lock. The page refreshes by itself when it "
+                   "is free.")  # fmt: skip
         if st.button("Retry now"):
             st.rerun()
+        _rerun_when_free()
     except StoreError as exc:
-        st.info(f"No data to show: {exc}")
+        st.info(f"No data to show: {literal(exc)}")
+
+
+BUSY_RETRY_S = 2.0
+"""How often a page showing "store busy" checks whether the writer has let go."""
+
+
+@st.fragment(run_every=BUSY_RETRY_S)
+def _rerun_when_free() -> None:
+    """Rerun the whole page once the store opens (a fragment, so it ticks while the page waits)."""
+    if _store_free(source()):
+        st.rerun(scope="app")
+
+
+def _store_free(src: Source) -> bool:
+    """Whether a read-only open succeeds right now (one try, closed at once). Any other
+    problem counts as free: the rerun then shows it."""
+    kind, paths, _ = src
+    if kind != "db":
+        return True
+    try:
+        open_store(paths[0], read_only=True, retries=0).close()
+    except StoreBusyError:
+        return False
+    except StoreError:
+        return True
+    return True
 
 
 # -- cached queries (keyed by the source and the filters) -----------------------------------------
@@ -123,7 +156,7 @@ def sidebar_filters() -> Filters:
     """The filters every page shows in its sidebar (time, service, agent, model, tool)."""
     options = filter_options()
     sidebar = st.sidebar
-    sidebar.caption(describe_source())
+    sidebar.caption(literal(describe_source()))
     any_ = "(all)"
     service = sidebar.selectbox("Service", [any_, *options["services"]], key="f_service")
     agent = sidebar.selectbox("Agent", [any_, *options["agents"]], key="f_agent")

@@ -8,6 +8,7 @@ Screenshots land in the test's output folder (and in ``test-output/`` for a huma
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -17,6 +18,8 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urlsplit
 
 import pytest
 
@@ -47,17 +50,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def dashboard_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if chromium() is None:
-        pytest.skip("no Chromium on this machine (set TREELLM_REQUIRE_BROWSER=1 to make this a failure)")
-    folder = tmp_path_factory.mktemp("browser")
-    db = folder / "samples.duckdb"
-    ingest(db, [ROOT / "sample_traces", ROOT / "tests" / "data" / "frameworks" / "langgraph.pb"])
+@contextlib.contextmanager
+def serving(db: Path) -> Iterator[str]:
+    """``treellm dashboard`` on ``db`` at a free loopback port: yields its URL once healthy."""
     port = free_port()
     with subprocess.Popen(
         [sys.executable, "-m", "treellm", "dashboard", "--db", str(db), "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=folder,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=db.parent,
     ) as server:  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         try:
@@ -77,6 +76,38 @@ def dashboard_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             server.communicate(timeout=30)
 
 
+@pytest.fixture(scope="module")
+def dashboard_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if chromium() is None:
+        pytest.skip("no Chromium on this machine (set TREELLM_REQUIRE_BROWSER=1 to make this a failure)")
+    folder = tmp_path_factory.mktemp("browser")
+    db = folder / "samples.duckdb"
+    ingest(db, [ROOT / "sample_traces", ROOT / "tests" / "data" / "frameworks" / "langgraph.pb"])
+    with serving(db) as url:
+        yield url
+
+
+class Requests:
+    """Every URL a page asks for (requests, web sockets, the favicon): all must stay on loopback."""
+
+    def __init__(self, page: Any) -> None:
+        self.page = page
+        self.urls: list[str] = []
+        page.on("request", lambda request: self.urls.append(request.url))
+        page.on("websocket", lambda socket: self.urls.append(socket.url))
+
+    def assert_loopback(self) -> None:
+        icons = self.page.evaluate("() => [...document.querySelectorAll('link[rel*=icon]')].map(l => l.href)")
+        outside = [u for u in [*self.urls, *icons] if not _loopback(u)]
+        assert not outside, outside
+        assert self.urls
+
+
+def _loopback(url: str) -> bool:
+    parts = urlsplit(url)
+    return parts.scheme in ("data", "blob", "about") or parts.hostname in ("127.0.0.1", "localhost", "::1")
+
+
 @pytest.mark.parametrize("path", list(PAGES))
 def test_every_page_renders_in_a_real_browser(dashboard_url: str, path: str, tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
@@ -86,6 +117,7 @@ def test_every_page_renders_in_a_real_browser(dashboard_url: str, path: str, tmp
         browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            requests = Requests(page)
             page.goto(f"{dashboard_url}/{path}")
             page.wait_for_selector("[data-testid='stAppViewContainer']", timeout=60_000)
             for text in PAGES[path]:
@@ -95,6 +127,7 @@ def test_every_page_renders_in_a_real_browser(dashboard_url: str, path: str, tmp
             page.wait_for_timeout(1000)
             assert page.locator("[data-testid='stException']").count() == 0
             assert page.get_by_text("Page not found").count() == 0
+            requests.assert_loopback()
             shot = tmp_path / f"{name}.png"
             page.screenshot(path=str(shot), full_page=True)
             keep = ROOT / "test-output"
@@ -144,5 +177,119 @@ def test_a_foreign_run_is_drawn_as_a_tree_in_a_real_browser(dashboard_url: str, 
             keep = ROOT / "test-output"
             keep.mkdir(exist_ok=True)
             shutil.copy(tmp_path / "foreign-run.png", keep / "foreign-run.png")
+        finally:
+            browser.close()
+
+
+# -- untrusted text: a store whose every name and id is Markdown, HTML and terminal escapes ----------
+
+
+def _hostile_pages() -> dict[str, tuple[str, str]]:
+    """The pages to visit on the hostile store: their path, and a string their plotly SVG shows as text."""
+    from test_untrusted_text import MISSING_RUN, RUN_IDS, node_id
+
+    return {
+        "overview": ("", "<b>b</b>"),  # the tools' tick labels
+        "shapes": ("shapes", "<b>b</b>"),  # the agents' legend names
+        "tools": ("tools", "<b>b</b>"),
+        "tuning": ("tuning", "<b>b</b>"),  # the what-if chart's title
+        "run": (f"run?{urlencode({'run': RUN_IDS[0], 'node': node_id('n2')})}", "![x](http://127.0.0.1:9/x.png)"),
+        "missing-run": (f"run?{urlencode({'run': MISSING_RUN})}", "![x](http://127.0.0.1:9/x.png)"),
+    }
+
+
+@pytest.fixture(scope="module")
+def hostile_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if chromium() is None:
+        pytest.skip("no Chromium on this machine (set TREELLM_REQUIRE_BROWSER=1 to make this a failure)")
+    from test_untrusted_text import hostile_store
+
+    with serving(hostile_store(tmp_path_factory.mktemp("hostile-browser"))) as url:
+        yield url
+
+
+DOM_FACTS = """() => {
+    const plots = [...document.querySelectorAll('.js-plotly-plot svg text')].map(t => t.textContent);
+    return {
+        images: [...document.images].map(i => i.src),
+        links: [...document.querySelectorAll('a')].map(a => {  // HTML and SVG links (plotly draws <a> in SVG)
+            const href = a.getAttribute('href') ?? a.getAttribute('xlink:href') ?? '';
+            try { return new URL(href, document.baseURI).href; } catch (e) { return href; }
+        }),
+        bold: [...document.querySelectorAll('b, strong, em')].map(e => e.textContent),
+        plots: plots,
+        metrics: [...document.querySelectorAll('[data-testid=stMetricLabel]')].map(e => e.innerText),
+        codes: [...document.querySelectorAll('[data-testid=stCode] code')].map(e => e.textContent),
+    };
+}"""
+
+
+@pytest.mark.parametrize("name", list(_hostile_pages()))
+def test_trace_text_is_shown_as_text_in_a_real_browser(hostile_url: str, name: str) -> None:
+    """Every page on the hostile store: no image or link comes from a trace, nothing is fetched
+    from outside 127.0.0.1, and plotly draws the tags as text."""
+    from playwright.sync_api import sync_playwright
+    from test_untrusted_text import MARKDOWN, MISSING_RUN
+
+    path, shown = _hostile_pages()[name]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            requests = Requests(page)
+            page.goto(f"{hostile_url}/{path}")
+            page.wait_for_selector("[data-testid='stAppViewContainer']", timeout=60_000)
+            page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot svg text').length > 0",
+                                   timeout=60_000)  # fmt: skip
+            page.wait_for_function("() => document.querySelectorAll('[data-testid=stSkeleton]').length == 0",
+                                   timeout=60_000)  # fmt: skip
+            page.wait_for_timeout(1500)
+            assert page.locator("[data-testid='stException']").count() == 0
+            page.locator("[data-testid=stSidebar] [data-testid=stSelectbox]").nth(1).click()  # the agents, open
+            options = page.get_by_role("option")
+            options.first.wait_for(timeout=30_000)
+            assert any(MARKDOWN in text for text in options.all_inner_texts())  # as typed
+            facts = page.evaluate(DOM_FACTS)
+            requests.assert_loopback()
+            assert all(_loopback(src) for src in facts["images"]), facts["images"]
+            assert not [src for src in facts["images"] if "x.png" in src or src.endswith("/x")], facts["images"]
+            assert all(_loopback(href) and urlsplit(href).port != 9 for href in facts["links"]), facts["links"]
+            assert not {"b", "bold", "a", "link"} & set(facts["bold"]), facts["bold"]
+            assert any(shown in text for text in facts["plots"]), facts["plots"][:20]
+            if name == "shapes":
+                assert len(facts["metrics"]) == 2
+                assert all(MARKDOWN in m.replace("\u2060", "") for m in facts["metrics"]), facts["metrics"]
+            if name == "missing-run":
+                assert MISSING_RUN in facts["codes"]
+                assert page.get_by_text("The linked run is not in the store", exact=False).count() == 1
+        finally:
+            browser.close()
+
+
+def test_the_busy_page_recovers_by_itself_in_a_real_browser(tmp_path: Path) -> None:
+    """A writer holds the store while the page loads: "store busy", then, once it lets go, the
+    real page, with no click."""
+    from playwright.sync_api import sync_playwright
+
+    if chromium() is None:
+        pytest.skip("no Chromium on this machine (set TREELLM_REQUIRE_BROWSER=1 to make this a failure)")
+    from test_untrusted_text import hostile_store
+
+    db = hostile_store(tmp_path)
+    script = f"import duckdb, sys; c = duckdb.connect({str(db)!r}); print('held', flush=True); sys.stdin.readline()"
+    with serving(db) as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
+        try:
+            with subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True) as holder:  # fmt: skip
+                assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+                try:
+                    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                    page.goto(url)
+                    page.get_by_text("Store busy, retrying", exact=False).first.wait_for(timeout=60_000)
+                finally:
+                    holder.communicate("\n", timeout=30)
+            page.get_by_text("Tuning verdicts at a glance").first.wait_for(timeout=60_000)
+            assert page.get_by_text("Store busy, retrying", exact=False).count() == 0
         finally:
             browser.close()

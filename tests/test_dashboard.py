@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from streamlit.testing.v1 import AppTest
 
 from dashboard import charts
+from dashboard.text import literal
 from treellm import (
     ModelRequest,
     ModelTurn,
@@ -249,3 +252,77 @@ def test_the_busy_state_while_a_writer_holds_the_store(sample_store: Path, tmp_p
             holder.communicate("\n", timeout=30)
     at = page("overview", db, monkeypatch)
     assert {m.label: m.value for m in at.metric}["Runs"] == "309"
+
+
+# -- untrusted text -------------------------------------------------------------------------------
+
+PLAIN_TEXT_FIELDS = {("Selectbox", "options"), ("Code", "code_text"), ("Text", "body"), ("Json", "body")}
+"""Where Streamlit shows a string as it is: anything else is parsed as Markdown."""
+MARKUP = ("![x](", "**bold**", "[link](", "<img", "<b>", "<a ")
+
+
+def _strings(message: Any, owner: str = "") -> Iterator[tuple[str, str, Any]]:
+    """Every (element type, field, value) of a protobuf element, nested messages included."""
+    from google.protobuf.message import Message
+
+    owner = owner or type(message).__name__
+    for field, value in message.ListFields():
+        for item in value if isinstance(value, Iterable) and not isinstance(value, str | bytes | Message) else [value]:
+            if isinstance(item, Message):
+                yield from _strings(item, owner)
+            else:
+                yield owner, field.name, item
+
+
+def _elements(at: AppTest) -> Iterator[Any]:
+    stack: list[Any] = [at.main, at.sidebar]
+    while stack:
+        node = stack.pop()
+        stack += list(getattr(node, "children", {}).values())
+        if getattr(node, "proto", None) is not None:
+            yield node.proto
+
+
+def assert_trace_text_is_never_markup(at: AppTest) -> int:
+    """No element renders a trace string as Markdown or HTML; returns how many fields held one."""
+    held = 0
+    for proto in _elements(at):
+        for owner, field, value in _strings(proto):
+            assert not ("allow_html" in field and value), (owner, field)
+            if not isinstance(value, str):
+                continue
+            if owner == "PlotlyChart" and field == "spec":
+                figure = json.loads(value)
+                for trace in figure.get("data", []):
+                    trace.pop("customdata", None)  # never shown: no hovertemplate reads it
+                shown = json.dumps(figure, ensure_ascii=False)
+                assert not any(tag in shown for tag in ("<b>", "<img", "<a ", "<script")), shown[:300]
+            elif (owner, field) not in PLAIN_TEXT_FIELDS:
+                unescaped = re.sub(r"\\.", "", value)  # a backslash-escaped character is text
+                assert not any(markup in unescaped for markup in MARKUP), (owner, field, value)
+            held += any(markup in value for markup in MARKUP) or "&lt;b&gt;" in value
+    return held
+
+
+@pytest.fixture(scope="module")
+def hostile_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from test_untrusted_text import hostile_store
+
+    return hostile_store(tmp_path_factory.mktemp("hostile"))
+
+
+def test_no_page_renders_trace_text_or_the_url_as_markup(hostile_db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_untrusted_text import AGENTS, MISSING_RUN, RUN_IDS, node_id
+
+    for name in ("overview", "shapes", "tools", "tuning"):
+        assert assert_trace_text_is_never_markup(page(name, hostile_db, monkeypatch)), name
+    at = page("run_explorer", hostile_db, monkeypatch, run=RUN_IDS[0], node=node_id("n2"))
+    assert at.selectbox(key="run_pick").value == RUN_IDS[0] and at.selectbox(key="node_pick").value == node_id("n2")
+    assert assert_trace_text_is_never_markup(at)
+    missing = page("run_explorer", hostile_db, monkeypatch, run=MISSING_RUN)
+    assert any("not in the store" in w.value for w in missing.warning)
+    assert any(c.value == MISSING_RUN for c in missing.code)  # the URL's value, as text
+    assert assert_trace_text_is_never_markup(missing)
+    shapes = page("shapes", hostile_db, monkeypatch)
+    labels = [m.label for m in shapes.metric]
+    assert sorted(labels) == [f"agent: {literal(agent)}" for agent in AGENTS]  # escaped Markdown: shown as typed

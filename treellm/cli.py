@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +18,14 @@ from typing import Any
 from treellm._version import __version__
 from treellm.errors import ConfigError, MissingExtraError, TreeLLMError, require_extra
 from treellm.signature import RawArguments, canonical_json, parse_arguments, signature
+
+
+def _plain(line: str) -> str:
+    """A line that may quote a trace (an error, a bad record) with its control characters
+    made visible (``treellm.inspector.terminal_text``), for a plain ``print``."""
+    from treellm.inspector import terminal_text
+
+    return terminal_text(line).plain
 
 
 def _console(stderr: bool = True) -> Any:
@@ -212,7 +221,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
             console.print(f"empty file: {path}", markup=False)
     for bad in report.bad_records:
         where = f"line {bad.line}" if bad.line is not None else f"record {bad.record}"
-        print(f"treellm: skipped a bad record: {bad.path} {where}: {bad.reason}", file=sys.stderr)
+        print(_plain(f"treellm: skipped a bad record: {bad.path} {where}: {bad.reason}"), file=sys.stderr)
     return 0
 
 
@@ -295,13 +304,15 @@ def _print_report(data: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from treellm.inspector import terminal_text
+
     table = Table(title=f"{data['runs']} runs, {data['tool_calls']} tool calls, {data['pruned']} pruned")
     columns = ["tool", "calls", "pruned", "prune_rate", "exact_repeats", "productive_repeats", "wasted_repeats",
                "unknown_repeats", "near_repeats"]  # fmt: skip
     for column in columns:
         table.add_column(column.replace("_", " "), justify="left" if column == "tool" else "right", no_wrap=True)
     for item in data["tools"]:
-        table.add_row(*[f"{item[c]:.1%}" if c == "prune_rate" else str(item[c]) for c in columns])
+        table.add_row(*[terminal_text(f"{item[c]:.1%}" if c == "prune_rate" else item[c]) for c in columns])
     Console(width=max(120, _console(stderr=False).width)).print(table)
 
 
@@ -318,7 +329,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                 min_samples=args.min_samples,
                 min_productive=args.min_productive,
             )
-            print(limits_toml(frame), end="")
+            print(_toml_safe(limits_toml(frame)), end="")
             return 0
         from treellm.analysis.report import tune
 
@@ -333,6 +344,16 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     finally:
         con.close()
     return 0
+
+
+def _toml_safe(document: str) -> str:
+    """A TOML document with the characters a terminal acts on that TOML leaves raw (C1
+    controls, line separators, bidirectional controls) written as ``\\uXXXX`` escapes: the
+    same TOML (tomli_w escapes C0 itself, and puts any such tool name in a quoted string)."""
+    return _TOML_RAW.sub(lambda m: f"\\u{ord(m.group()):04X}", document)
+
+
+_TOML_RAW = re.compile(r"[\x80-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def _add_reader_options(parser: argparse.ArgumentParser) -> None:
@@ -589,7 +610,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except TreeLLMError as exc:
-        print(f"treellm: error: {exc}", file=sys.stderr)
+        print(_plain(f"treellm: error: {exc}"), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("treellm: interrupted", file=sys.stderr)

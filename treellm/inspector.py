@@ -1,13 +1,16 @@
 """Terminal presentation of a run (rich): a live log while it goes, then its tree.
 
 Presentation only: reads events and ``RunResult`` values, never changes them.
-Everything from the trace is rendered as plain text (``rich.text.Text``), never
-as console markup, so tool arguments cannot inject styles.
+Everything from a trace (names, ids, arguments, results, model text) is untrusted and goes
+through :func:`terminal_text`: a ``rich.text.Text`` (never console markup, so ``[red]`` is
+shown as typed) in which every control character is a visible escape (so no escape
+sequence, carriage return or bell reaches the terminal). ``treellm.cli`` uses it too.
 """
 
 from __future__ import annotations
 
 import io
+import re
 
 from rich.console import Console
 from rich.text import Text
@@ -30,14 +33,45 @@ from treellm.engine.events import (
 from treellm.engine.executor import RunResult
 from treellm.engine.nodes import CollapseNode, Node, PrunedCall, ThinkNode, ToolNode
 
-__all__ = ["LiveLog", "render_tree", "tree_text"]
+__all__ = ["LiveLog", "render_tree", "terminal_text", "tree_text"]
 
 _KIND_STYLE = {"think": "cyan", "tool": "green", "collapse": "magenta"}
 _STATUS_STYLE = {"completed": "green", "failed": "red", "running": "yellow", "pending": "dim"}
 
 
-def _short(text: str | None, limit: int = 60) -> str:
-    flat = " ".join((text or "").split())
+# C0 controls but newline and tab (ESC, CR, BEL, backspace...), DEL, C1 controls (CSI 0x9b,
+# OSC 0x9d...), Unicode line separators and bidirectional controls.
+_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_LINE_BREAKS = re.compile(r"[\n\t]")
+
+
+def _visible(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(match.group()) or (
+        f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    )
+
+
+def terminal_text(value: object, style: str = "", *, keep_lines: bool = False) -> Text:
+    """``value`` (any string from a trace) as rich text that prints exactly as typed.
+
+    A ``rich.text.Text``, so console markup such as ``[bold]`` is shown, not applied; and
+    every control character a terminal would act on (C0 such as ESC, CR and BEL, DEL, C1
+    such as CSI ``\\x9b``, Unicode line separators and bidirectional overrides) is
+    replaced by a visible escape (``\\x1b``, ``\\r``, ``\\u202e``). Newlines and tabs are
+    escaped too, unless ``keep_lines`` (a table cell or a block of text may hold them).
+    ``None`` is the empty text.
+    """
+    text = "" if value is None else str(value)
+    text = _UNSAFE.sub(_visible, text)
+    if not keep_lines:
+        text = _LINE_BREAKS.sub(_visible, text)
+    return Text(text, style=style)
+
+
+def _short(text: object, limit: int = 60) -> str:
+    """One line of at most ``limit`` characters (print it through :func:`terminal_text`)."""
+    flat = " ".join(("" if text is None else str(text)).split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
@@ -49,8 +83,9 @@ class LiveLog:
 
     def _line(self, event: Event, style: str, message: str) -> None:
         indent = "  " * (event.depth + len(event.skill_stack))
-        line = Text(f"{indent}{event.node_id or '':>4} ", style="dim")
-        line.append(message, style=style)
+        line = Text(indent)
+        line.append(terminal_text(f"{event.node_id or '':>4} ", "dim"))
+        line.append(terminal_text(message, style))
         self.console.print(line, soft_wrap=True)
 
     def __call__(self, event: Event) -> None:
@@ -103,9 +138,9 @@ class LiveLog:
 def _node_label(node: Node) -> Text:
     label = Text()
     label.append(f"{node.kind} ", style=f"bold {_KIND_STYLE[node.kind]}")
-    label.append(f"{node.id} ", style="dim")
+    label.append(terminal_text(f"{node.id} ", "dim"))
     if isinstance(node, ToolNode):
-        label.append(f"{node.tool_name}({_short(node.raw_args, 50)}) ")
+        label.append(terminal_text(f"{node.tool_name}({_short(node.raw_args, 50)}) "))
         label.append(f"#{node.ordinal}/{node.limit} ", style="dim")
         if node.shadow_caught:
             label.append("[shadow catch] ", style="yellow")
@@ -113,26 +148,28 @@ def _node_label(node: Node) -> Text:
     label.append(f" · depth {node.depth}", style="dim")
     if isinstance(node, ThinkNode):
         if node.answer is not None:
-            label.append(f" · answer: {_short(node.answer)}", style="bold")
+            label.append(terminal_text(f" · answer: {_short(node.answer)}", "bold"))
         elif node.ended_by in ("prune", "budget", "error"):
             label.append(f" · ended by {node.ended_by}", style="yellow")
     elif isinstance(node, ToolNode):
-        label.append(f" → {_short(node.result, 40)}", style="dim")
+        label.append(terminal_text(f" → {_short(node.result, 40)}", "dim"))
     elif isinstance(node, CollapseNode):
         note = f"compressed {node.size_before}→{node.size_after}" if node.compressed else f"{node.size_before} chars"
         label.append(f" · merged {len(node.merged)} · {note}", style="dim")
     if node.skill_stack:
-        label.append(f" · skill {'/'.join(node.skill_stack)}", style="blue")
+        label.append(terminal_text(f" · skill {'/'.join(node.skill_stack)}", "blue"))
     return label
 
 
 def _pruned_label(call: PrunedCall) -> Text:
     label = Text("✂ ", style="yellow")
     label.append("pruned " if not call.shadow else "shadow catch ", style="bold yellow")
-    label.append(f"{call.tool}({_short(call.raw_arguments, 50)}) ")
-    label.append(f"count {call.count} ≥ limit {call.limit} ({call.limit_source}) · {call.action}", style="yellow")
+    label.append(terminal_text(f"{call.tool}({_short(call.raw_arguments, 50)}) "))
+    label.append(
+        terminal_text(f"count {call.count} ≥ limit {call.limit} ({call.limit_source}) · {call.action}", "yellow")
+    )
     if call.earlier_node_ids:
-        label.append(f" · repeats {', '.join(call.earlier_node_ids)}", style="dim")
+        label.append(terminal_text(f" · repeats {', '.join(call.earlier_node_ids)}", "dim"))
     return label
 
 
@@ -143,7 +180,7 @@ def render_tree(result: RunResult) -> Tree:
         children.setdefault(node.parent_id, []).append(node)
     stats = result.stats
     title = f"run {result.run_id} · {result.outcome} · {stats.nodes} nodes · {stats.pruned} pruned"
-    root = Tree(Text(title), guide_style="dim")
+    root = Tree(terminal_text(title), guide_style="dim")
 
     def add(branch: Tree, node: Node) -> None:
         sub = branch.add(_node_label(node))

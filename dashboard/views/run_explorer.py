@@ -1,14 +1,14 @@
 """Run explorer: a run drawn as the tree it was, pruned calls as ghost nodes, node details.
 
 The URL's query parameters ``run`` and ``node`` select a run and a node, so a link can be
-shared. Everything from the trace is shown as text (``st.code``, ``st.dataframe``).
+shared. Everything from the trace, and the URL's parameters, are shown as text (``dashboard.text``).
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import charts, data
+from dashboard import charts, data, text
 
 st.title("Run explorer")
 with data.show_problems():
@@ -22,7 +22,8 @@ with data.show_problems():
     if wanted and wanted not in ids:
         linked = data.run_detail(wanted)["run"]
         if linked.empty:
-            st.warning(f"Run {wanted!r} is not in the store; showing the latest run instead.")
+            st.warning("The linked run is not in the store; showing the latest run instead. The link asked for:")
+            st.code(wanted, language=None, wrap_lines=True)
         else:
             runs = data.prepend(linked, runs)
             ids = list(runs["run_id"])
@@ -38,7 +39,7 @@ with data.show_problems():
     detail = data.run_detail(run_id)
     nodes, loops, run = detail["nodes"], detail["loops"], detail["run"]
     cols = st.columns([2, 1, 1, 1, 1])
-    cols[0].metric("Outcome", str(run["outcome"].iloc[0]) if not run.empty else "?")
+    cols[0].metric("Outcome", text.literal(run["outcome"].iloc[0]) if not run.empty else "?")
     cols[1].metric("Nodes", len(nodes))
     cols[2].metric("Max depth", int(nodes["depth"].max()) if nodes["depth"].notna().any() else 0)
     cols[3].metric("Caught calls", len(loops))

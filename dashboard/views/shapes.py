@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import charts, data
+from dashboard import charts, data, text
 
 st.title("Tree shapes")
 with data.show_problems():
@@ -26,10 +26,10 @@ with data.show_problems():
     first = pick_left.selectbox("Left", values, index=0, key="left")
     second = pick_right.selectbox("Right", values, index=1, key="right")
     measures = ["nodes", "max_depth", "max_breadth", "branching_factor", "leaves", "pruned_calls"]
-    for column, value in ((pick_left, first), (pick_right, second)):
+    for side, column, value in (("left", pick_left, first), ("right", pick_right, second)):
         group = shapes[shapes[by].astype(str) == value]
         with column:
-            st.metric(f"{by}: {value}", f"{len(group)} runs")
+            st.metric(f"{by}: {text.literal(value)}", f"{len(group)} runs")
             st.dataframe(group[measures].describe().loc[["mean", "50%", "max"]].T, width="stretch")
             grouped = data.shapes_grouped(group, "outcome")
-            st.plotly_chart(charts.shape_scatter(grouped, "outcome"), width="stretch", key=f"scatter-{value}")
+            st.plotly_chart(charts.shape_scatter(grouped, "outcome"), width="stretch", key=f"scatter-{side}")

@@ -1,0 +1,196 @@
+"""Trace text is untrusted: every renderer shows it as typed, never as markup or terminal control.
+
+The hostile store built here (treellm's own executor and JSONL exporter, then names and ids
+rewritten as another agent could write them) is shared with ``test_dashboard`` (AppTest)
+and ``test_browser`` (a real Chromium).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from rich.console import Console
+from rich.table import Table
+
+from dashboard.charts import plotly_text, prune_rate_chart, tree_figure, tree_icicle
+from dashboard.text import literal
+from treellm import ModelTurn, OTLPJsonlSpanExporter, ScriptedModel, Tool, ToolCall, TreeConfig, TreeExecutor
+from treellm.inspector import terminal_text
+from treellm.store import ingest
+
+MARKDOWN = "![x](http://127.0.0.1:9/x.png) **bold** [link](http://example.invalid)"
+HTML = "<img src=x onerror=alert(1)> <b>b</b> <a href=http://example.invalid>a</a>"
+TERMINAL = "\x1b[31mred\x1b[0m \x9b2J \r\x07 [red]x[/]"
+HOSTILE = f"{MARKDOWN} {HTML} {TERMINAL}"
+"""Markdown, HTML, terminal escapes and rich markup in one string: what every name and id holds."""
+
+SERVICE = f"service {HOSTILE}"
+AGENTS = (f"agent-1 {HOSTILE}", f"agent-2 {HOSTILE}")
+MODEL = f"model {HOSTILE}"
+TOOL = f"tool {HOSTILE}"
+RUN_IDS = (f"run-1 {HOSTILE}", f"run-2 {HOSTILE}")
+MISSING_RUN = f"no-such-run {MARKDOWN} {HTML}"
+"""A ``?run=`` parameter that names no run: the page reflects it."""
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def node_id(plain: str) -> str:
+    """The hostile id of the executor's node ``plain`` (n1, n2, ...)."""
+    return f"{plain} {HTML} {MARKDOWN}"
+
+
+def _rewrite(value: Any, names: dict[str, str]) -> Any:
+    """Every string in an OTLP JSON document with the placeholder names replaced."""
+    if isinstance(value, dict):
+        return {k: _rewrite(v, names) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rewrite(v, names) for v in value]
+    if isinstance(value, str):
+        if re.fullmatch(r"n\d+", value):
+            return node_id(value)
+        for placeholder, name in names.items():
+            value = value.replace(placeholder, name)
+    return value
+
+
+def hostile_store(folder: Path) -> Path:
+    """A store of two runs (one per hostile agent) whose every name, id, argument and result
+    holds :data:`HOSTILE`: a tool called three times with the same arguments (a wasted
+    repeat, then a pruned call), so every page of the dashboard has something to draw."""
+
+    async def echo(args: dict[str, Any]) -> str:
+        return f"result {args['q']}"
+
+    raw = folder / "hostile-raw.jsonl"
+    for agent, run_id in zip(("agent_x1", "agent_x2"), RUN_IDS, strict=True):
+        call = ToolCall("tool_x", {"q": HOSTILE})  # the third is pruned, the second a wasted repeat
+        turns = [ModelTurn(tool_calls=[call, call, call], text=f"thinking {HOSTILE}"), ModelTurn(text=HOSTILE)]
+        provider = TracerProvider(resource=Resource.create({"service.name": "service_x"}))
+        provider.add_span_processor(SimpleSpanProcessor(OTLPJsonlSpanExporter(raw)))
+        TreeExecutor(
+            ScriptedModel(turns, model_name="model_x"),
+            [Tool("tool_x", "echo", handler=echo, max_repeats=2)],
+            TreeConfig(),
+            name=agent,
+            tracer_provider=provider,
+            run_ids=lambda run_id=run_id: run_id,
+        ).run(f"task {HOSTILE}")
+        provider.shutdown()
+    names = {"service_x": SERVICE, "agent_x1": AGENTS[0], "agent_x2": AGENTS[1], "model_x": MODEL, "tool_x": TOOL}
+    path = folder / "hostile.jsonl"
+    with path.open("w", encoding="utf-8") as out:
+        for line in raw.read_text(encoding="utf-8").splitlines():
+            out.write(json.dumps(_rewrite(json.loads(line), names)) + "\n")
+    db = folder / "hostile.duckdb"
+    ingest(db, [path])
+    return db
+
+
+# -- the escaping helpers ---------------------------------------------------------------------------
+
+
+def test_plotly_text_shows_tags_and_entities_literally() -> None:
+    label = '<b>x</b><a href="http://example.invalid">y</a> &amp; "q"'
+    assert plotly_text(label) == '&lt;b&gt;x&lt;/b&gt;&lt;a href="http://example.invalid"&gt;y&lt;/a&gt; &amp;amp; "q"'
+    assert plotly_text("a\nb\tc") == "a b c" and plotly_text(None) == "" and plotly_text(float("nan")) == ""
+    assert plotly_text("x" * 10, limit=4) == "xxx…"
+
+
+def test_every_chart_escapes_names_and_ids() -> None:
+    nodes = [
+        {"node_id": node_id("n1"), "kind": "think", "parent_id": None, "depth": 0, "status": "completed",
+         "tool": None, "ordinal": None, "limit": None, "limit_source": None, "arguments": None, "skill_stack": None},
+        {"node_id": node_id("n2"), "kind": "tool", "parent_id": node_id("n1"), "depth": 0, "status": HTML,
+         "tool": TOOL, "ordinal": 1, "limit": 1, "limit_source": HTML, "arguments": HTML, "skill_stack": HTML},
+    ]  # fmt: skip
+    loops = [{"node_id": node_id("n1"), "tool": TOOL, "count": 1, "limit": 1, "limit_source": HTML, "action": HTML,
+              "shadow": False, "arguments": HTML, "earlier_node_ids": json.dumps([node_id("n2")])}]  # fmt: skip
+    import pandas as pd
+
+    figures = [tree_figure(pd.DataFrame(nodes), pd.DataFrame(loops)), tree_icicle(pd.DataFrame(nodes),
+               pd.DataFrame(loops)), prune_rate_chart(pd.DataFrame([{"tool": TOOL, "calls": 3, "pruned": 2,
+               "pruned_prune": 2, "pruned_nudge": 0, "pruned_cache": 0}]))]  # fmt: skip
+    for figure in figures:
+        for trace in figure.data:  # customdata is never shown (no hovertemplate reads it): the raw ids
+            trace.customdata = None
+        shown = json.dumps(figure.to_plotly_json(), ensure_ascii=False)
+        for tag in ("<b>", "<a ", "<img", "</a>"):
+            assert tag not in shown
+        assert "&lt;b&gt;b&lt;/b&gt;" in shown
+    assert node_id("n1") not in tree_icicle(pd.DataFrame(nodes), pd.DataFrame(loops)).data[0].ids
+
+
+def test_literal_markdown_escapes_every_construct() -> None:
+    shown = literal(f"{MARKDOWN} {HTML} `code` $x$ :red[r] :smile: # h\n- item\r\x1b")
+    punctuation = r"[!-/:-@\[-`{-~]"
+    other = r"[^\x00-\x1f\x7f-\x9f!-/:-@\[-`{-~]"
+    assert re.fullmatch(rf"(?:\\{punctuation}|{other})*", shown), shown  # each punctuation mark escaped
+    assert all(shown[i + 1] == "\u2060" for i, c in enumerate(shown) if c == ":")  # no :shortcode: left
+    assert literal("coder") == "coder" and literal(None) == "" and literal(float("nan")) == ""
+    unescaped = re.sub(r"\\(.)", r"\1", shown).replace("\u2060", "")
+    assert unescaped == f"{MARKDOWN} {HTML} `code` $x$ :red[r] :smile: # h - item"
+
+
+def test_terminal_text_shows_escapes_and_markup_literally() -> None:
+    text = terminal_text("a\x1b[31mred\x9b2J\rb\x07c [red]x[/] [bold]y\u202ez\nd\te")
+    assert text.plain == "a\\x1b[31mred\\x9b2J\\rb\\x07c [red]x[/] [bold]y\\u202ez\\nd\\te"
+    assert text.spans == []
+    assert terminal_text("l1\nl2\tt", keep_lines=True).plain == "l1\nl2\tt"
+    out = io.StringIO()
+    Console(file=out, force_terminal=True, color_system="truecolor", width=200).print(terminal_text(TERMINAL))
+    printed = out.getvalue()
+    assert "[red]x[/]" in printed and "\\x1b[31mred" in printed and "\x1b[31mred" not in printed
+    assert not CONTROL.search(re.sub(r"\x1b\[[0-9;]*m", "", printed).replace("\n", ""))  # rich's own styles only
+
+
+def test_a_report_table_cell_keeps_rich_markup_as_text() -> None:
+    out = io.StringIO()
+    table = Table()
+    table.add_column("tool")
+    table.add_row(terminal_text("[bold red]x[/] \x1b]8;;http://example.invalid\x07link"))
+    Console(file=out, force_terminal=True, color_system="truecolor", width=200).print(table)
+    assert "[bold red]x[/]" in out.getvalue() and "\x1b]8;;" not in out.getvalue()
+
+
+# -- the command line -------------------------------------------------------------------------------
+
+
+def _treellm(*args: str) -> bytes:
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
+    result = subprocess.run([sys.executable, "-m", "treellm", *args], capture_output=True, check=False,
+                            env={**env, "COLUMNS": "600"})  # fmt: skip
+    assert result.returncode == 0, result.stderr.decode(errors="replace")
+    return result.stdout
+
+
+def _assert_no_control(output: bytes) -> str:
+    """The output as text, once checked free of any control byte but newlines (ESC, CSI, BEL, CR...)."""
+    text = output.decode("utf-8")
+    assert not CONTROL.search(text.replace("\n", "")), repr(CONTROL.findall(text))
+    return text
+
+
+def test_report_and_tune_print_hostile_names_without_control_bytes(tmp_path: Path) -> None:
+    db = hostile_store(tmp_path)
+    table = _assert_no_control(_treellm("report", "--db", str(db)))
+    assert "[red]x[/]" in table and "\\x1b[31mred" in table and "\\x9b2J" in table and "<b>b</b>" in table
+    assert "**bold**" in table
+    for fmt in ("json", "toml"):
+        printed = _assert_no_control(_treellm("tune", "--db", str(db), "--format", fmt, "--min-samples", "1"))
+        assert "[red]x[/]" in printed and "<b>b</b>" in printed, fmt
+    document = _treellm("report", "--db", str(db), "--format", "json")
+    assert not CONTROL.search(document.decode().replace("\n", ""))
+    assert TOOL in {item["tool"] for item in json.loads(document)["tools"]}
+    toml = _treellm("tune", "--db", str(db), "--format", "toml", "--min-samples", "1").decode()
+    assert tomllib.loads(toml)["tools"].keys() == {TOOL}  # the same name, once the TOML is read
