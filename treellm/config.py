@@ -22,6 +22,7 @@ The limits file is the TOML that ``treellm tune`` writes::
     mutates = false            # true: every successful call changes state
     mutates_when = {argument = "method", matches = "^(POST|PUT|DELETE)$"}
     error_when = ['^HTTP 5']   # regexes on the result text (replace the defaults)
+    timeout_s = 30.0           # seconds a call may run (inf: no timeout)
 
     [tools.bash]
     classifier = "shell"       # shell | none (the default: shell for treellm.shell's shell tools)
@@ -52,6 +53,10 @@ Branching = Literal["collapse", "fork"]
 Classifier = Literal["shell", "none"]
 """How a tool's arguments say whether a call writes: ``shell`` reads the command; ``none`` turns that off."""
 
+MAX_ARGUMENT_DEPTH = 256
+"""The highest ``max_argument_depth``: deeper values would strain Python's recursion limit in
+the code that handles arguments after the check (handlers, telemetry redaction)."""
+
 DEFAULT_SYSTEM_PROMPT = (
     "You are an agent that solves the user's task with the tools offered. "
     "Call tools when they help; when the task is done, call task_complete with the result."
@@ -66,6 +71,10 @@ def _expect(setting: str, ok: bool, expected: str, got: object, path: str | None
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_timeout(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
 
 
 def _is_regex(value: object) -> bool:
@@ -129,10 +138,12 @@ class ToolLimits:
     classifier: Classifier | None = None
     error_when: tuple[str, ...] | None = None
     """Regexes on the result text that mark a call failed; they replace the defaults."""
+    timeout_s: float | None = None
+    """Seconds one call of the tool may run (``inf``: no timeout)."""
 
     @classmethod
     def from_mapping(cls, tool: str, data: Mapping[str, Any], path: str | None = None) -> ToolLimits:
-        known = {"max_repeats", "on_repeat", "mutates", "mutates_when", "classifier", "error_when"}
+        known = {"max_repeats", "on_repeat", "mutates", "mutates_when", "classifier", "error_when", "timeout_s"}
         for key in data:
             _expect(f"tools.{tool}.{key}", key in known, "one of " + ", ".join(sorted(known)), key, path)
         when = data.get("mutates_when")
@@ -147,6 +158,7 @@ class ToolLimits:
             None if when is None else _patterns(when, f"tools.{tool}.mutates_when", path),
             data.get("classifier"),
             None if errors is None else tuple(errors),
+            data.get("timeout_s"),
         )
         limits.validate(tool, path)
         return limits
@@ -176,6 +188,9 @@ class ToolLimits:
             _expect(setting, isinstance(self.error_when, tuple), "a list of regular expressions", self.error_when, path)
             for i, regex in enumerate(self.error_when):
                 _expect(f"{setting}[{i}]", _is_regex(regex), "a regular expression", regex, path)
+        if self.timeout_s is not None:
+            ok = _is_timeout(self.timeout_s)
+            _expect(f"tools.{tool}.timeout_s", ok, "a number of seconds > 0", self.timeout_s, path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +217,14 @@ class TreeConfig:
     """The system message of every root (and skill-less) ThinkNode context."""
     max_concurrency: int = 8
     """Most tool handlers and branches that run at once in one run."""
+    tool_timeout_s: float | None = 300.0
+    """Seconds one tool call may run before it fails as timed out (None or ``inf``: no timeout).
+
+    A tool's own ``timeout_s`` and a limits file's ``timeout_s`` override it."""
+    max_argument_depth: int = 64
+    """Deepest nesting of arrays and objects a tool call's arguments may have (1 to 256)."""
+    max_argument_bytes: int = 1_048_576
+    """Largest tool call arguments, in bytes of JSON text."""
     tool_limits: Mapping[str, ToolLimits] = field(default_factory=dict)
     """Per-tool settings from a limits file; they override the tools' own."""
 
@@ -209,12 +232,17 @@ class TreeConfig:
         self.validate()
 
     def validate(self, path: str | None = None) -> None:
-        for name in ("node_budget", "depth_limit", "retry_max_attempts", "max_concurrency"):
+        for name in ("node_budget", "depth_limit", "retry_max_attempts", "max_concurrency", "max_argument_bytes"):
             value = getattr(self, name)
             _expect(name, _is_int(value) and value >= 1, "an integer >= 1", value, path)
         for name in ("collapse_threshold", "max_repeats_per_signature"):
             value = getattr(self, name)
             _expect(name, _is_int(value) and value >= 0, "an integer >= 0", value, path)
+        depth = self.max_argument_depth
+        ok = _is_int(depth) and 1 <= depth <= MAX_ARGUMENT_DEPTH
+        _expect("max_argument_depth", ok, f"an integer from 1 to {MAX_ARGUMENT_DEPTH}", depth, path)
+        timeout = self.tool_timeout_s
+        _expect("tool_timeout_s", timeout is None or _is_timeout(timeout), "a number of seconds > 0", timeout, path)
         delay = self.retry_base_delay_s
         ok = isinstance(delay, int | float) and not isinstance(delay, bool) and delay >= 0
         _expect("retry_base_delay_s", ok, "a number >= 0", delay, path)

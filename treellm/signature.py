@@ -13,8 +13,12 @@ Contract:
   property order (integer-like keys first, ascending).
 - :func:`stable_hash` is djb2 over the UTF-16 code units of that text, printed in
   lowercase base 36; :func:`signature` is ``f"{tool}:{stable_hash(value)}"``.
+- :func:`arguments_problem` says why arguments are too large to take (nested
+  deeper or bigger than the caller's limits) without parsing them, or None.
 
 Hard rules: pure functions, no I/O, no state beyond a constant table of powers.
+No function here recurses on the value: :func:`canonical_json` walks an explicit
+stack, so a value nested 100,000 deep costs time, never a ``RecursionError``.
 A djb2 hash is for display and telemetry only: counting uses the canonical text
 (see :mod:`treellm.loop`), so a 32-bit collision never prunes a different call.
 """
@@ -36,6 +40,7 @@ except ImportError:  # pragma: no cover - exercised by the slim-install test
 
 __all__ = [
     "RawArguments",
+    "arguments_problem",
     "canonical_json",
     "js_number",
     "parse_arguments",
@@ -180,43 +185,59 @@ def _js_key_order(keys: list[str]) -> list[str]:
 # ---------------------------------------------------------------------------
 
 
-def _write(value: object, out: list[str]) -> None:
-    if isinstance(value, str):
-        out.append(_js_string(value))
-    elif value is None:
-        out.append("null")
-    elif value is True:
-        out.append("true")
-    elif value is False:
-        out.append("false")
-    elif isinstance(value, int | float):
-        out.append(js_number(value))
-    elif isinstance(value, Mapping):
-        keys = [str(k) for k in value]
-        by_text = {str(k): v for k, v in value.items()}
-        out.append("{")
-        first = True
-        for key in _js_key_order(keys):
-            if not first:
-                out.append(",")
-            first = False
-            out.append(_js_string(key))
-            out.append(":")
-            _write(by_text[key], out)
-        out.append("}")
-    elif isinstance(value, list | tuple):
-        out.append("[")
-        for i, item in enumerate(value):
-            if i:
-                out.append(",")
-            _write(item, out)
-        out.append("]")
-    elif isinstance(value, RawArguments):
-        out.append(_js_string(value.text))
-    else:
-        # Not a JSON value (a datetime, a set from a framework's own parser):
-        # sign it by its text rather than refuse to check the call.
-        out.append(_js_string(str(value)))
+class _Token(str):
+    """Text already in canonical form (punctuation, a written key), queued between values."""
+
+    __slots__ = ()
+
+
+_COMMA, _END_OBJECT, _END_ARRAY = _Token(","), _Token("}"), _Token("]")
+
+
+def _write(root: object, out: list[str]) -> None:
+    # An explicit stack instead of recursion: the items still to write, the next on top.
+    todo: list[object] = [root]
+    push, pop, emit = todo.append, todo.pop, out.append
+    while todo:
+        value = pop()
+        if type(value) is _Token:
+            emit(value)
+        elif isinstance(value, str):
+            emit(_js_string(value))
+        elif value is None:
+            emit("null")
+        elif value is True:
+            emit("true")
+        elif value is False:
+            emit("false")
+        elif isinstance(value, int | float):
+            emit(js_number(value))
+        elif isinstance(value, Mapping):
+            keys = [str(k) for k in value]
+            by_text = {str(k): v for k, v in value.items()}
+            emit("{")
+            push(_END_OBJECT)
+            ordered = _js_key_order(keys)
+            for i in range(len(ordered) - 1, 0, -1):
+                push(by_text[ordered[i]])
+                push(_Token("," + _js_string(ordered[i]) + ":"))
+            if ordered:
+                push(by_text[ordered[0]])
+                push(_Token(_js_string(ordered[0]) + ":"))
+        elif isinstance(value, list | tuple):
+            emit("[")
+            push(_END_ARRAY)
+            for i in range(len(value) - 1, 0, -1):
+                push(value[i])
+                push(_COMMA)
+            if value:
+                push(value[0])
+        elif isinstance(value, RawArguments):
+            emit(_js_string(value.text))
+        else:
+            # Not a JSON value (a datetime, a set from a framework's own parser):
+            # sign it by its text rather than refuse to check the call.
+            emit(_js_string(str(value)))
 
 
 def canonical_json(value: object) -> str:
@@ -230,6 +251,78 @@ def canonical_json(value: object) -> str:
     out: list[str] = []
     _write(value, out)
     return "".join(out)
+
+
+# ---------------------------------------------------------------------------
+# Limits on arguments: depth and size, checked before parsing
+# ---------------------------------------------------------------------------
+
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def _text_too_deep(text: str, max_depth: int) -> bool:
+    if text.count("[") + text.count("{") <= max_depth:
+        return False  # cannot nest deeper than it has brackets
+    depth = 0
+    for match in _BRACKET.finditer(_JSON_STRING.sub('""', text)):
+        if match.group() in "[{":
+            depth += 1
+            if depth > max_depth:
+                return True
+        elif depth:
+            depth -= 1
+    return False
+
+
+def _value_problem(value: object, max_depth: int, max_bytes: int) -> str | None:
+    # An already parsed value: walk it with an explicit stack, stopping at the first limit.
+    size = 0
+    todo: list[tuple[object, int]] = [(value, 0)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, Mapping | list | tuple):
+            if depth + 1 > max_depth:
+                return f"they nest deeper than {max_depth} levels of arrays and objects"
+            size += 2 + len(item)
+            if isinstance(item, Mapping):
+                for key, child in item.items():
+                    size += len(str(key)) + 3
+                    todo.append((child, depth + 1))
+            else:
+                todo.extend((child, depth + 1) for child in item)
+        elif isinstance(item, str | RawArguments):
+            text = item if isinstance(item, str) else item.text
+            size += 2 + (len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass")))
+        else:
+            size += 8  # a number or a constant: its text is short, or it prints as null
+        if size > max_bytes:
+            return f"they take more than {max_bytes:,} bytes as JSON (the limit)"
+    return None
+
+
+def arguments_problem(arguments: object, *, max_depth: int, max_bytes: int) -> str | None:
+    """Why tool-call arguments are too large to take, or None when they are within the limits.
+
+    ``arguments`` is JSON text (``str``/``bytes``, looked at without parsing it:
+    its UTF-8 size, and how deep its arrays and objects nest outside strings) or
+    an already parsed value (walked with an explicit stack; its size estimated
+    as JSON). The answer completes "the arguments were rejected: ...". Never
+    raises and never recurses; the cost is linear in the text, and stops at the
+    first limit crossed for a parsed value.
+    """
+    if isinstance(arguments, bytes | bytearray):
+        if len(arguments) > max_bytes:
+            return f"they are {len(arguments):,} bytes, above the limit of {max_bytes:,}"
+        arguments = bytes(arguments).decode("utf-8", "replace")
+    if not isinstance(arguments, str):
+        return _value_problem(arguments, max_depth, max_bytes)
+    size = len(arguments) if arguments.isascii() else len(arguments.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        return f"they are {size:,} bytes, above the limit of {max_bytes:,}"
+    if _text_too_deep(arguments, max_depth):
+        return f"they nest deeper than {max_depth} levels of arrays and objects"
+    return None
 
 
 # ---------------------------------------------------------------------------

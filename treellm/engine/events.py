@@ -3,12 +3,14 @@
 Every event carries the run id, the node it concerns, that node's parent and
 depth, the skill stack, the time (ns, from the run's injected clock) and a typed
 payload; ``event.type`` is a str-valued name such as ``"loop:detected"``.
-Observers are callables ``(Event) -> None`` called synchronously, in order, on
-the run's event loop thread; one that raises is logged and detached.
+Observers are plain callables ``(Event) -> None`` called synchronously, in
+order, on the run's event loop thread (see :data:`Observer`); one that raises
+is logged and detached; async observers are refused (:func:`check_observer`).
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,7 +18,8 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from treellm.config import TreeConfig
-from treellm.engine.nodes import PrunedCall
+from treellm.engine.nodes import PrunedCall, ToolErrorType
+from treellm.errors import ConfigError
 from treellm.loop import LimitSource
 from treellm.models.base import Usage
 
@@ -45,6 +48,7 @@ __all__ = [
     "ToolError",
     "ToolRetry",
     "ToolStart",
+    "check_observer",
     "notify",
 ]
 
@@ -150,6 +154,8 @@ class ToolError:
     result_hash: str
     attempts: int
     duration_ns: int
+    error_type: ToolErrorType = "tool_error"
+    """Why the call failed: ``tool_error``, ``timeout``, ``arguments_too_large`` or ``unserializable_result``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,16 +274,60 @@ class Event:
 
 
 Observer = Callable[[Event], None]
+"""The observer seam: a plain (synchronous) callable ``(Event) -> None``.
+
+Contract: called synchronously, in event order, on the thread that emits (the
+run's event loop thread for the executor; the caller's thread for a LoopGuard),
+so it must return quickly and must not block. Its return value is ignored. One
+that raises is logged and detached for the rest of the run; it never stops the
+agent.
+
+Async observers are refused, not awaited: events are emitted synchronously in
+the middle of the run's steps (and from threads without an event loop by a
+LoopGuard), and awaiting an observer there would let a slow observer stall or
+reorder the run. An ``async def`` observer (or an object whose ``__call__`` is
+one) raises ``ConfigError`` when it is attached (:func:`check_observer`); a
+plain callable that returns an awaitable anyway is detected at the first event:
+the awaitable is closed, never awaited, and the observer is logged and detached.
+To do async work, schedule it from a plain observer, e.g.
+``lambda e: loop.call_soon_threadsafe(queue.put_nowait, e)``.
+"""
+
+
+def check_observer(observer: object) -> Observer:
+    """``observer`` when it can be an observer; raises ``ConfigError`` when it is not
+    callable or is a coroutine function (see :data:`Observer`)."""
+    if not callable(observer):
+        raise ConfigError(f"observers: expected a callable (Event) -> None, got {observer!r}", setting="observers")
+    call = getattr(observer, "__call__", None)  # noqa: B004 -- a callable object's method, not callable()
+    if inspect.iscoroutinefunction(observer) or inspect.iscoroutinefunction(call):
+        raise ConfigError(
+            f"observers: expected a plain callable (Event) -> None, got the async observer {observer!r}: "
+            "observers are called synchronously and never awaited (schedule async work from a plain observer)",
+            setting="observers",
+        )
+    return observer
 
 
 def notify(observers: list[Observer], event: Event) -> None:
-    """Call each observer with ``event``, in order; one that raises is logged and removed
-    from ``observers`` (an observer's bug must never stop the agent)."""
+    """Call each observer with ``event``, in order; one that raises, or returns an
+    awaitable (an async observer slipped through), is logged and removed from
+    ``observers`` (an observer's bug must never stop the agent)."""
     for observer in list(observers):
         try:
-            observer(event)
+            returned: object = observer(event)
         except Exception:  # an observer's bug must never stop the agent
             logger.exception("observer %r raised on %s; detached", observer, event.type)
+            observers.remove(observer)
+            continue
+        if inspect.isawaitable(returned):
+            if inspect.iscoroutine(returned):
+                returned.close()  # never awaited: closed so that it does not warn
+            logger.error(
+                "observer %r returned an awaitable on %s (async observers are not awaited); detached",
+                observer,
+                event.type,
+            )
             observers.remove(observer)
 
 

@@ -16,7 +16,16 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from treellm.config import TreeConfig
-from treellm.engine.events import Chunk, Event, Observer, Outcome, RunComplete, RunStart, RunStats
+from treellm.engine.events import (
+    Chunk,
+    Event,
+    Observer,
+    Outcome,
+    RunComplete,
+    RunStart,
+    RunStats,
+    check_observer,
+)
 from treellm.engine.nodes import Node, PrunedCall
 from treellm.engine.run import Branch, Clock, Run, Sleep, SubTree, tree_outcome
 from treellm.engine.tools import TASK_COMPLETE, Skill, Tool
@@ -111,14 +120,18 @@ class Engine:
         self.skills = tuple(skills)
         self.config = config or TreeConfig()
         self.name = name
-        self.observers: list[Observer] = list(observers)
+        self.observers: list[Observer] = [check_observer(o) for o in observers]
         self.clock = clock
         self.sleep = sleep
         self.run_ids = run_ids
 
     def add_observer(self, observer: Observer) -> None:
-        """Attach an observer to every run started from now on."""
-        self.observers.append(observer)
+        """Attach an observer to every run started from now on.
+
+        Raises ``ConfigError`` for an async observer (they are never awaited: see
+        ``treellm.engine.events.Observer``).
+        """
+        self.observers.append(check_observer(observer))
 
     async def _execute(self, task: str, on_chunk: Callable[[Chunk], None] | None) -> RunResult:
         run = Run(

@@ -27,8 +27,15 @@ __all__ = [
     "NodeStatus",
     "PrunedCall",
     "ThinkNode",
+    "ToolErrorType",
     "ToolNode",
 ]
+
+ToolErrorType = Literal["tool_error", "timeout", "arguments_too_large", "unserializable_result"]
+"""Why a ToolNode failed: the handler raised, its result matched ``error_when``, the arguments
+were malformed or the tool unknown (``tool_error``); it ran past its timeout (``timeout``); its
+arguments were deeper or bigger than the limits (``arguments_too_large``); its handler returned a
+value that cannot be turned into text (``unserializable_result``)."""
 
 
 class NodeKind(StrEnum):
@@ -117,6 +124,8 @@ class ToolNode(_NodeBase):
     attempts: int = 0
     shadow_caught: bool = False
     """True when shadow mode ran a call that the loop check would have caught."""
+    error_type: ToolErrorType | None = None
+    """Why the call failed (None while running and when it succeeded)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,6 +15,11 @@ analysis of stored calls, so the three count, fail and answer alike.
   text matches one of the rule's ``error_when`` regexes (``re.search``);
   :data:`DEFAULT_ERROR_WHEN` applies when a rule sets none. A failed call
   counts on its path but never changes state.
+- **oversized arguments**: arguments nested deeper than the config's
+  ``max_argument_depth`` or bigger than its ``max_argument_bytes`` are never
+  parsed (:func:`oversized_arguments`): the executor rejects the call, and both
+  it and the guard record only a ``RawArguments`` preview of them, so no deep
+  value reaches an observer.
 - **precedence** per tool: a limits file (``TreeConfig.tool_limits``) > the
   tool's own settings in code (:class:`ToolSettings`) > the defaults (the
   config's ``max_repeats_per_signature``, action ``prune``, :class:`ToolRule`'s
@@ -39,7 +44,7 @@ from treellm.engine.nodes import PrunedCall
 from treellm.errors import ConfigError
 from treellm.loop import CallKey, LimitSource, LoopDecision, LoopDetector, PathSignatures
 from treellm.shell import DEFAULT_SHELL_TOOLS, classify_command, command_text
-from treellm.signature import RawArguments, canonical_json, parse_arguments
+from treellm.signature import RawArguments, arguments_problem, canonical_json, parse_arguments
 
 __all__ = [
     "DEFAULT_ERROR_WHEN",
@@ -54,8 +59,13 @@ __all__ = [
     "is_failure",
     "loop_message",
     "merge_rule",
+    "oversized_arguments",
+    "preview",
     "pruned_call",
 ]
+
+PREVIEW_CHARS = 2000
+"""How much of oversized arguments a node, an event or a chunk shows."""
 
 MutatesWhen: TypeAlias = Callable[[object], bool] | ArgumentPattern | tuple[ArgumentPattern, ...]
 """A predicate on the parsed arguments, or argument patterns (any one matching)."""
@@ -211,6 +221,27 @@ _TAILS: Mapping[RepeatAction, str] = {
     "nudge": "answering with a nudge",
     "cache": "answering from cache",
 }
+
+
+def preview(raw: str) -> str:
+    """``raw`` cut to :data:`PREVIEW_CHARS` characters, saying how many more there were."""
+    if len(raw) <= PREVIEW_CHARS:
+        return raw
+    return f"{raw[:PREVIEW_CHARS]}…[{len(raw) - PREVIEW_CHARS:,} more characters]"
+
+
+def oversized_arguments(arguments: object, config: TreeConfig) -> tuple[str, RawArguments, str] | None:
+    """None when ``arguments`` are within the config's depth and size limits; else their raw
+    text (a parsed value's canonical JSON), a ``RawArguments`` preview and why (for
+    "the arguments were rejected: ..."). Checked without parsing; never raises or recurses."""
+    problem = arguments_problem(arguments, max_depth=config.max_argument_depth, max_bytes=config.max_argument_bytes)
+    if problem is None:
+        return None
+    if isinstance(arguments, bytes | bytearray):
+        raw = bytes(arguments).decode("utf-8", "replace")
+    else:
+        raw = arguments if isinstance(arguments, str) else canonical_json(arguments)
+    return raw, RawArguments(preview(raw)), problem
 
 
 def loop_message(tool: str, raw_arguments: str, action: RepeatAction) -> str:

@@ -12,19 +12,26 @@ Hard rules:
 - Every tool call in an assistant message that goes back to the model is
   answered by exactly one tool message, or removed from that message.
 - The model's and the tools' faults are data (node status, events, results
-  fed back); a ``ScriptExhaustedError`` or any other bug propagates.
+  fed back); a ``ScriptExhaustedError`` or any other bug propagates. That
+  includes arguments deeper or bigger than ``max_argument_depth`` /
+  ``max_argument_bytes`` (checked on the text before it is parsed: the call is
+  a failed ToolNode that never ran), a handler past its timeout, and a result
+  that cannot be turned into text (the handler ran once; never a retry).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import inspect
 import itertools
 import json
+import sys
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from treellm.config import TreeConfig
 from treellm.engine.events import (
@@ -52,8 +59,24 @@ from treellm.engine.events import (
     ToolStart,
     notify,
 )
-from treellm.engine.nodes import CollapseNode, Node, NodeKind, NodeStatus, PrunedCall, ThinkNode, ToolNode
-from treellm.engine.repeats import RepeatPolicy, answer_text, loop_message, pruned_call
+from treellm.engine.nodes import (
+    CollapseNode,
+    Node,
+    NodeKind,
+    NodeStatus,
+    PrunedCall,
+    ThinkNode,
+    ToolErrorType,
+    ToolNode,
+)
+from treellm.engine.repeats import (
+    RepeatPolicy,
+    answer_text,
+    loop_message,
+    oversized_arguments,
+    preview,
+    pruned_call,
+)
 from treellm.engine.tools import (
     TASK_COMPLETE,
     TASK_COMPLETE_SPEC,
@@ -61,6 +84,7 @@ from treellm.engine.tools import (
     Tool,
     result_hash,
     result_text,
+    tool_timeout,
 )
 from treellm.errors import ModelError
 from treellm.loop import CallKey, LoopDecision, PathSignatures
@@ -170,7 +194,19 @@ class _Accepted:
     key: CallKey
     decision: LoopDecision
     shadow_caught: bool
+    problem: str | None = None
+    """Why the arguments were rejected unparsed (too deep or too big), else None."""
     node: ToolNode | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    """How an accepted call ended."""
+
+    ok: bool
+    text: str
+    attempts: int
+    error_type: ToolErrorType = "tool_error"
 
 
 @dataclass(slots=True)
@@ -342,7 +378,7 @@ class Run:
 
         finish = next((c for c in turn.tool_calls if c.name == TASK_COMPLETE), None)
         if finish is not None or not turn.tool_calls:
-            answer, summary = _final_answer(finish, turn.text)
+            answer, summary = _final_answer(finish, turn.text, tree.config)
             self._complete_think(node, "answer", len(turn.tool_calls), 0, answer=answer)
             self.emit(TaskComplete(answer, summary), node)
             self.chunk(ChunkType.TASK_COMPLETE, answer, node.id)
@@ -407,9 +443,7 @@ class Run:
             call_id = call.id if call.id and call.id not in seen_ids else self.new_call_id()
             seen_ids.add(call_id)
             call_order.append(call_id)
-            raw = arguments_text(call.arguments)
-            value = parse_arguments(call.arguments if isinstance(call.arguments, str) else dict(call.arguments))
-            key = _key(call.name, value)
+            raw, value, key, problem = _read_arguments(call, tree.config)
             decision = tree.policy.check(turn_path, key)
             if decision.caught:
                 pruned = pruned_call(
@@ -426,7 +460,7 @@ class Run:
                     continue
             node_id = self.new_node_id()
             turn_path = turn_path.extend(key, node_id)
-            accepted.append(_Accepted(call_id, node_id, call.name, raw, value, key, decision, decision.caught))
+            accepted.append(_Accepted(call_id, node_id, call.name, raw, value, key, decision, decision.caught, problem))
         return accepted, caught, call_order
 
     def _record_catch(self, node: ThinkNode, pruned: PrunedCall) -> None:
@@ -497,8 +531,10 @@ class Run:
             ),
             node,
         )
-        self.chunk(ChunkType.TOOL_CALL, f"{call.name}({call.raw})", node.id)
-        ok, text, attempts = await self._execute(tree, node, call)
+        shown = call.raw if call.problem is None else preview(call.raw)
+        self.chunk(ChunkType.TOOL_CALL, f"{call.name}({shown})", node.id)
+        outcome = await self._execute(tree, node, call)
+        ok, text, attempts = outcome.ok, outcome.text, outcome.attempts
         ended = self.clock()
         digest = result_hash(text)
         node = node.with_(
@@ -508,6 +544,7 @@ class Run:
             result_hash=digest,
             attempts=attempts,
             error=None if ok else text,
+            error_type=None if ok else outcome.error_type,
         )
         self.store(node)
         call.node = node
@@ -516,44 +553,56 @@ class Run:
             self.emit(ToolComplete(call.name, text, digest, attempts, duration), node)
             self.chunk(ChunkType.TOOL_RESULT, text, node.id)
         else:
-            self.emit(ToolError(call.name, text, text, digest, attempts, duration), node)
+            self.emit(ToolError(call.name, text, text, digest, attempts, duration, outcome.error_type), node)
             self.chunk(ChunkType.TOOL_ERROR, text, node.id)
 
-    async def _execute(self, tree: SubTree, node: ToolNode, call: _Accepted) -> tuple[bool, str, int]:
-        """Run a call (with retries); returns (succeeded, result text, attempts)."""
+    async def _execute(self, tree: SubTree, node: ToolNode, call: _Accepted) -> _Outcome:
+        """Run a call (with retries when its handler raises)."""
+        if call.problem is not None:
+            c = tree.config
+            return _Outcome(
+                False,
+                f"Error: the arguments of {call.name} were rejected: {call.problem}. Send arguments at most "
+                f"{c.max_argument_depth} levels deep and {c.max_argument_bytes:,} bytes long.",
+                0,
+                "arguments_too_large",
+            )
         if isinstance(call.value, RawArguments):
-            return False, _malformed_message(call.name, call.raw), 0
+            return _Outcome(False, _malformed_message(call.name, call.raw), 0)
         if call.name in tree.skills:
             return await self._run_skill(tree, tree.skills[call.name], node, call.value)
         tool = tree.tools.get(call.name)
         if tool is None or tool.handler is None:
             names = ", ".join(sorted([*tree.tools, *tree.skills, TASK_COMPLETE]))
-            return False, f"Error: unknown tool {call.name!r}. Available tools: {names}.", 0
+            return _Outcome(False, f"Error: unknown tool {call.name!r}. Available tools: {names}.", 0)
         if not isinstance(call.value, dict):
             kind = type(call.value).__name__ if call.value is not None else "null"
-            return False, f"Error: the arguments of {call.name} must be a JSON object, got {kind}.", 0
+            return _Outcome(False, f"Error: the arguments of {call.name} must be a JSON object, got {kind}.", 0)
+        timeout = tool_timeout(tool, tree.config)
         attempts = 0
         max_attempts = tree.config.retry_max_attempts
         while True:
             attempts += 1
             try:
                 async with self._tool_slots:
-                    value = await _call_handler(tool, call.value)
-                text = result_text(value)
-                return not tree.policy.is_failure(call.name, text), text, attempts
+                    value = await _call_handler(tool, call.value, timeout)
             except Exception as exc:  # noqa: BLE001 -- a tool's fault is data: retried, then sent to the model
                 error = f"{type(exc).__name__}: {exc}"
                 if attempts >= max_attempts:
-                    return False, f"Error: {call.name} failed after {attempts} attempt(s): {error}", attempts
+                    return _Outcome(False, f"Error: {call.name} failed after {attempts} attempt(s): {error}", attempts)
                 delay = tree.config.retry_base_delay_s * 2 ** (attempts - 1)
                 self.retries += 1
                 self.emit(ToolRetry(call.name, attempts, error, delay), node)
                 await self.sleep(delay)
+                continue
+            if value is _TIMED_OUT:  # never retried: a hung tool rarely recovers, and its thread may still run
+                return _Outcome(False, f"Error: tool {call.name} timed out after {timeout:g} s.", attempts, "timeout")
+            return _handler_outcome(tree, call.name, value, attempts)
 
-    async def _run_skill(self, tree: SubTree, skill: Skill, node: ToolNode, arguments: Any) -> tuple[bool, str, int]:
+    async def _run_skill(self, tree: SubTree, skill: Skill, node: ToolNode, arguments: Any) -> _Outcome:
         task = arguments.get("task") if isinstance(arguments, dict) else None
         if not isinstance(task, str) or not task:
-            return False, f"Error: {skill.tool_name} needs a non-empty 'task' string argument.", 0
+            return _Outcome(False, f"Error: {skill.tool_name} needs a non-empty 'task' string argument.", 0)
         sub = SubTree.build(
             skill.config or tree.config,
             skill.tools if skill.tools is not None else list(tree.tools.values()),
@@ -569,8 +618,8 @@ class Run:
         answer = next((e.answer for e in sub.ends if e.reason == "answer"), None)
         self.emit(SkillComplete(skill.name, answer, outcome), node)
         if answer is None:
-            return False, f"Error: skill {skill.name} ended without an answer ({outcome}).", 1
-        return True, answer, 1
+            return _Outcome(False, f"Error: skill {skill.name} ended without an answer ({outcome}).", 1)
+        return _Outcome(True, answer, 1)
 
     # -- continuing the branch -----------------------------------------------------
 
@@ -692,13 +741,47 @@ def _key(tool: str, value: Any) -> CallKey:
     return CallKey(tool, canonical_json(value), raw=False)
 
 
+def _read_arguments(call: ToolCall, config: TreeConfig) -> tuple[str, Any, CallKey, str | None]:
+    """A call's raw text, parsed value, loop key and why its arguments were rejected (or None).
+
+    Arguments deeper or bigger than the limits are never parsed: they count on the
+    path under their raw text (as malformed JSON does), and the node, its events and
+    the telemetry see only a ``RawArguments`` preview of them.
+    """
+    oversized = oversized_arguments(call.arguments, config)
+    if oversized is not None:
+        raw, shown, problem = oversized
+        return raw, shown, CallKey(call.name, raw, raw=True), problem
+    raw = arguments_text(call.arguments)
+    value = parse_arguments(call.arguments if isinstance(call.arguments, str) else dict(call.arguments))
+    return raw, value, _key(call.name, value), None
+
+
+def _handler_outcome(tree: SubTree, tool: str, value: object, attempts: int) -> _Outcome:
+    """What a handler's return value means: its text, failed or not (never a retry)."""
+    try:
+        text = result_text(value)
+    except Exception as exc:  # noqa: BLE001 -- the handler's value is the tool's fault: data, never a re-run
+        return _Outcome(
+            False,
+            f"Error: {tool} returned a value that cannot be sent to the model "
+            f"({type(value).__name__}; {type(exc).__name__}: {exc}).",
+            attempts,
+            "unserializable_result",
+        )
+    return _Outcome(not tree.policy.is_failure(tool, text), text, attempts)
+
+
 def _task_of(messages: Sequence[Message]) -> str:
     return next((str(m.get("content")) for m in messages if m.get("role") == "user"), "")
 
 
-def _final_answer(finish: ToolCall | None, text: str) -> tuple[str, str | None]:
+def _final_answer(finish: ToolCall | None, text: str, config: TreeConfig) -> tuple[str, str | None]:
     if finish is None:
         return text, None
+    oversized = oversized_arguments(finish.arguments, config)
+    if oversized is not None:  # not parsed: the answer is the raw text
+        return oversized[0], None
     value = parse_arguments(finish.arguments if isinstance(finish.arguments, str) else dict(finish.arguments))
     if isinstance(value, dict):
         result, summary = value.get("result"), value.get("summary")
@@ -715,21 +798,94 @@ def _malformed_message(tool: str, raw: str) -> str:
         problem = "it is not valid JSON"
     except json.JSONDecodeError as exc:
         problem = f"{exc.msg} at line {exc.lineno} column {exc.colno}"
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         problem = str(exc)
     shown = raw if len(raw) <= 200 else raw[:200] + "..."
     return f"Error: the arguments of {tool} are not valid JSON ({problem}): {shown}. Send a JSON object."
 
 
-async def _call_handler(tool: Tool, arguments: dict[str, Any]) -> Any:
+_TIMED_OUT: Final = object()
+"""What :func:`_call_handler` returns when the handler ran past its timeout."""
+
+
+async def _call_handler(tool: Tool, arguments: dict[str, Any], timeout: float | None) -> Any:
+    """The handler's return value, or ``_TIMED_OUT``; what the handler raises propagates.
+
+    The handler is awaited in the calling task under ``asyncio.timeout`` (no task of
+    its own, so runs keep their scheduling order): on timeout an async handler is
+    cancelled; a sync handler runs in a daemon thread of its own (:func:`_in_thread`)
+    that is abandoned, and the run never waits for it (not even at loop shutdown).
+    A ``TimeoutError`` the handler raises itself is the tool's own failure.
+    """
     handler = tool.handler
     assert handler is not None
-    if inspect.iscoroutinefunction(handler):
-        return await handler(arguments)
-    value = await asyncio.to_thread(handler, arguments)
-    if inspect.isawaitable(value):
-        return await value
-    return value
+    deadline = asyncio.timeout(timeout)
+    try:
+        async with deadline:
+            if inspect.iscoroutinefunction(handler):
+                return await handler(arguments)
+            value = await _in_thread(tool.name, handler, arguments)
+            if inspect.isawaitable(value):
+                return await value
+            return value
+    except TimeoutError:
+        if deadline.expired():
+            return _TIMED_OUT
+        raise
+
+
+async def _in_thread(name: str, handler: Callable[[dict[str, Any]], Any], arguments: dict[str, Any]) -> Any:
+    """Run a sync handler in a new daemon thread (with the caller's context variables).
+
+    Not ``asyncio.to_thread``: the default executor's threads are joined when the
+    loop shuts down and when the interpreter exits, so a hung handler would hang
+    the run after its timeout. A daemon thread is abandoned instead; when the
+    caller stops waiting, the handler's late outcome is dropped.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
+    worker = threading.Thread(
+        target=_work, args=(loop, future, context, handler, arguments), name=f"treellm-tool-{name}", daemon=True
+    )
+    worker.start()
+    return await future
+
+
+def _work(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future[Any],
+    context: contextvars.Context,
+    handler: Callable[[dict[str, Any]], Any],
+    arguments: dict[str, Any],
+) -> None:
+    """A sync handler's thread: run it, then hand its outcome to the loop if it is still open."""
+    outcome: tuple[Any, BaseException | None] | None = None
+    try:
+        outcome = (context.run(handler, arguments), None)
+    except Exception as exc:  # noqa: BLE001 -- the tool's fault: handed to the run, which makes it data
+        outcome = (None, exc)
+    finally:
+        if outcome is None:  # a BaseException (SystemExit...) leaves this thread: the run gets it too
+            outcome = (None, sys.exc_info()[1])
+        try:
+            loop.call_soon_threadsafe(_settle, future, *outcome)
+        except RuntimeError:  # the loop is closed: the run ended without this call (it timed out)
+            _drop(outcome[0])
+
+
+def _settle(future: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
+    if future.done():  # the call timed out or was cancelled: nobody waits for its outcome
+        _drop(value)
+    elif error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
+
+
+def _drop(value: object) -> None:
+    if inspect.iscoroutine(value):
+        value.close()  # a sync handler returned a coroutine nobody will await
 
 
 def _turn_messages(

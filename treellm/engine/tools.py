@@ -1,15 +1,30 @@
 """Tools and skills as declared by users, and the built-in ``task_complete``.
 
 A :class:`Tool` handler receives the parsed arguments as one dict, may be sync
-(run in a worker thread so it never blocks the run's event loop) or async, and
-returns text or anything JSON-able. A handler that raises is the tool's fault:
-the executor retries it and finally sends the error back to the model.
+(run in a thread of its own so it never blocks the run's event loop) or async,
+and returns text or anything JSON-able. A handler that raises is the tool's
+fault: the executor retries it and finally sends the error back to the model.
+
+Each call runs under a timeout (:func:`tool_timeout`): a call that runs longer
+fails with "tool X timed out after N s" and is not retried (a hung tool rarely
+recovers, and a retry would start a second copy beside the first). An async
+handler is cancelled (one that swallows the cancellation, or blocks the event
+loop without awaiting, cannot be stopped). A sync handler's thread cannot be
+stopped either, so it is abandoned: a daemon thread that runs on until the
+handler returns, whose result is dropped, which no longer counts against
+``max_concurrency`` and never keeps the process alive; the run does not wait
+for it. A handler runs once per attempt whatever happens to its result: a value
+:func:`result_text` cannot turn into text (a circular structure, keys that are
+not strings, an object whose ``str()`` raises) makes the call fail with an error
+result ("returned a value that cannot be sent to the model"), never a retry and
+never a ``str()`` guess.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +44,7 @@ __all__ = [
     "Tool",
     "result_hash",
     "result_text",
+    "tool_timeout",
 ]
 
 Handler = Callable[[dict[str, Any]], Any | Awaitable[Any]]
@@ -72,7 +88,8 @@ class Tool:
     ``treellm.shell.DEFAULT_SHELL_TOOLS``; ``"none"`` turns it off), and
     ``error_when`` lists regexes on the result text that mark a call failed
     (``None``: the defaults). A successful state change restarts the counts
-    of every other call on its path; its own keeps counting.
+    of every other call on its path; its own keeps counting. ``timeout_s``
+    overrides ``TreeConfig.tool_timeout_s`` for this tool (``math.inf``: none).
     """
 
     name: str
@@ -85,6 +102,7 @@ class Tool:
     mutates_when: MutatesWhen | Sequence[ArgumentPattern] | None = None
     classifier: Classifier | None = None
     error_when: Sequence[str] | None = None
+    timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.name, "tool")
@@ -101,6 +119,12 @@ class Tool:
             raise ToolDefinitionError(
                 f"tool {self.name!r}: on_repeat: expected prune, nudge or cache, got {self.on_repeat!r}",
                 tool=self.name,
+            )
+        timeout = self.timeout_s
+        number = isinstance(timeout, int | float) and not isinstance(timeout, bool)
+        if timeout is not None and not (number and timeout > 0):
+            raise ToolDefinitionError(
+                f"tool {self.name!r}: timeout_s: expected a number of seconds > 0, got {timeout!r}", tool=self.name
             )
         try:
             self.rule  # noqa: B018 -- validates the rule's fields
@@ -157,8 +181,29 @@ class Skill:
         )
 
 
+def tool_timeout(tool: Tool, config: TreeConfig) -> float | None:
+    """Seconds a call of ``tool`` may run, or None for no timeout.
+
+    A limits file's ``timeout_s`` > the tool's own ``timeout_s`` > ``config.tool_timeout_s``;
+    ``inf`` means no timeout.
+    """
+    filed = config.tool_limits.get(tool.name)
+    if filed is not None and filed.timeout_s is not None:
+        timeout: float | None = filed.timeout_s
+    elif tool.timeout_s is not None:
+        timeout = tool.timeout_s
+    else:
+        timeout = config.tool_timeout_s
+    return None if timeout is None or math.isinf(timeout) else float(timeout)
+
+
 def result_text(value: object) -> str:
-    """A handler's return value as the text the model sees."""
+    """A handler's return value as the text the model sees.
+
+    Raises (``TypeError``, ``ValueError``, ``RecursionError``...) when the value
+    is not text and cannot be JSON-encoded (a circular structure, keys that are
+    not strings, an object whose ``str()`` raises): the caller decides what that means.
+    """
     if isinstance(value, str):
         return value
     if value is None:

@@ -353,7 +353,7 @@ class TelemetryObserver:
             span.set_attributes(attrs)
             if isinstance(p, ToolError):
                 span.set_status(Status(StatusCode.ERROR, self.capture.text(p.error) or "tool error"))
-                span.set_attribute(sc.ERROR_TYPE, "tool_error")
+                span.set_attribute(sc.ERROR_TYPE, p.error_type)
             self._end(run, event.node_id, event)
         self.count_call(p, failed=failed)
 
