@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard.text import literal
-from treellm import analysis
+from treellm import analysis, settings
 from treellm.analysis import Filters
 from treellm.errors import StoreBusyError, StoreError
 from treellm.store.connection import default_db_path, open_parquet, open_store
@@ -42,8 +41,6 @@ TTL_S = 600
 """Results are kept while the store is unchanged: the cache key holds the store's version
 (the files' sizes and modification times), so new data shows at the next render and an
 unchanged store is never queried twice."""
-ENV_DB = "TREELLM_DASHBOARD_DB"
-ENV_PARQUET = "TREELLM_DASHBOARD_PARQUET"
 
 
 Source = tuple[str, tuple[str, ...], tuple[int, ...]]
@@ -52,12 +49,12 @@ Source = tuple[str, tuple[str, ...], tuple[int, ...]]
 def source() -> Source:
     """``(kind, paths, version)``: what the dashboard reads (``"parquet"`` folders or a
     ``"db"`` file) and a version stamp that changes whenever the data does."""
-    parquet = os.environ.get(ENV_PARQUET)
+    parquet = settings.get(settings.TREELLM_DASHBOARD_PARQUET)
     if parquet:
-        folders = tuple(p for p in parquet.split(os.pathsep) if p)
+        folders = tuple(str(p) for p in parquet)
         files = [f for folder in folders for f in Path(folder).rglob("*.parquet")]
         return "parquet", folders, _stamp(files)
-    db = os.environ.get(ENV_DB) or str(default_db_path())
+    db = str(settings.get(settings.TREELLM_DASHBOARD_DB) or default_db_path())
     return "db", (db,), _stamp([Path(db), Path(db + ".wal")])
 
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from treellm import settings
 from treellm._version import __version__
 from treellm.errors import ConfigError, MissingExtraError, TreeLLMError, require_extra
 from treellm.signature import RawArguments, canonical_json, parse_arguments, signature
@@ -53,10 +54,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from treellm.inspector import LiveLog, render_tree
     from treellm.models.openai import OpenAICompatibleModel
 
-    base_url = args.base_url or os.environ.get("TREELLM_BASE_URL")
-    model_name = args.model or os.environ.get("TREELLM_MODEL")
+    base_url = args.base_url or settings.get(settings.TREELLM_BASE_URL)
+    model_name = args.model or settings.get(settings.TREELLM_MODEL)
     if not base_url or not model_name:
-        raise ConfigError("treellm run needs --base-url and --model (or TREELLM_BASE_URL and TREELLM_MODEL)")
+        raise ConfigError(
+            f"treellm run needs --base-url and --model "
+            f"(or {settings.TREELLM_BASE_URL.name} and {settings.TREELLM_MODEL.name})"
+        )
     config = TreeConfig.from_file(args.limits) if args.limits else TreeConfig()
     changes = {
         k: v
@@ -99,6 +103,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_mcp_proxy(args: argparse.Namespace) -> int:
+    from treellm.config import TreeConfig
+    from treellm.integrations.mcp import run_mcp_proxy
+
+    command = args.server[1:] if args.server[:1] == ["--"] else args.server
+    config = TreeConfig.from_file(args.limits) if args.limits else None
+    run_mcp_proxy(
+        command, config, on_repeat=args.on_repeat, max_repeats=args.max_repeats, trace=args.trace, name=args.name
+    )
+    return 0
+
+
 def _dashboard_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], str]:
     import dashboard
 
@@ -106,9 +122,9 @@ def _dashboard_command(args: argparse.Namespace) -> tuple[list[str], dict[str, s
 
     env = dict(os.environ)
     if getattr(args, "parquet", None):
-        env["TREELLM_DASHBOARD_PARQUET"] = os.pathsep.join(str(Path(p).resolve()) for p in args.parquet)
+        env[settings.TREELLM_DASHBOARD_PARQUET.name] = os.pathsep.join(str(Path(p).resolve()) for p in args.parquet)
     else:
-        env["TREELLM_DASHBOARD_DB"] = str(Path(_db(args)).resolve())
+        env[settings.TREELLM_DASHBOARD_DB.name] = str(Path(_db(args)).resolve())
     env["STREAMLIT_BROWSER_GATHER_USAGE_STATS"] = "false"
     app = Path(dashboard.__file__).resolve().parent / "app.py"
     command = [
@@ -264,6 +280,11 @@ def _reader(args: argparse.Namespace) -> Any:
 
     if args.parquet:
         return open_parquet(args.parquet)
+    clickhouse = getattr(args, "clickhouse", None) or (None if args.db else os.environ.get("TREELLM_CLICKHOUSE"))
+    if clickhouse:
+        from treellm.store.clickhouse import open_clickhouse
+
+        return open_clickhouse(clickhouse, table=args.clickhouse_table)
     return open_store(_db(args), read_only=True)
 
 
@@ -360,6 +381,15 @@ def _add_reader_options(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--db", help="the store (default $TREELLM_DB or ./treellm.duckdb)")
     source.add_argument("--parquet", nargs="+", metavar="DIR", help="read `treellm export` folders instead")
+    source.add_argument(
+        "--clickhouse",
+        metavar="URL",
+        help="read the OpenTelemetry Collector's ClickHouse table instead: http(s)://user:pass@host:8123 or "
+        "chdb:PATH (embedded ClickHouse on a folder); default $TREELLM_CLICKHOUSE when --db is not given",
+    )
+    parser.add_argument(
+        "--clickhouse-table", default="otel_traces", metavar="NAME", help="the spans table (default otel_traces)"
+    )
     parser.add_argument("--since", help="runs that started at or after this ISO date/time")
     parser.add_argument("--until", help="runs that started before this ISO date/time")
     parser.add_argument("--service", help="only this service")
@@ -493,6 +523,40 @@ def _add_data_commands(sub: Any) -> None:
     tune.set_defaults(func=_cmd_tune)
 
 
+def _add_mcp_proxy_command(sub: Any) -> None:
+    """mcp-proxy."""
+    proxy = _command(
+        sub,
+        "mcp-proxy",
+        help="serve an MCP server over stdio with its tool calls guarded against loops",
+        description=(
+            "An MCP server on stdin/stdout in front of the MCP server that the command after -- starts: "
+            "everything passes through unchanged, and each tools/call goes through LoopGuard (one path per "
+            "proxy run, i.e. per client session). A caught call never reaches the server: prune answers an "
+            "error result, nudge and cache the guard's answer. Traces go to --trace, else to the OTEL_* "
+            "variables' exporters."
+        ),
+        epilog=(
+            "example:\n  treellm mcp-proxy --limits limits.toml --on-repeat nudge -- "
+            "npx -y @modelcontextprotocol/server-filesystem ~/notes"
+        ),
+    )
+    proxy.add_argument("--limits", help="a TOML limits file, as `treellm tune` writes it (wins per tool)")
+    proxy.add_argument(
+        "--on-repeat",
+        choices=["prune", "nudge", "cache"],
+        default="prune",
+        help="what a caught call gets (default %(default)s)",
+    )
+    proxy.add_argument(
+        "--max-repeats", type=int, help="identical calls that may run per session (default: max_repeats_per_signature)"
+    )
+    proxy.add_argument("--trace", metavar="FILE.jsonl", help="append the session's spans to an OTLP JSONL file")
+    proxy.add_argument("--name", default="mcp-proxy", help="the agent's name in traces (default %(default)s)")
+    proxy.add_argument("server", nargs=argparse.REMAINDER, metavar="-- COMMAND...", help="the MCP server's command")
+    proxy.set_defaults(func=_cmd_mcp_proxy)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="treellm",
@@ -545,6 +609,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--trace", metavar="FILE.jsonl", help="append the run's spans to an OTLP JSONL file")
     run.set_defaults(func=_cmd_run)
 
+    _add_mcp_proxy_command(sub)
     _add_data_commands(sub)
 
     demo = _command(
@@ -595,6 +660,15 @@ def build_parser() -> argparse.ArgumentParser:
     source = dashboard.add_mutually_exclusive_group()
     source.add_argument("--db", help="the store (default $TREELLM_DB or ./treellm.duckdb)")
     source.add_argument("--parquet", nargs="+", metavar="DIR", help="read `treellm export` folders instead")
+    source.add_argument(
+        "--clickhouse",
+        metavar="URL",
+        help="read the OpenTelemetry Collector's ClickHouse table instead: http(s)://user:pass@host:8123 or "
+        "chdb:PATH (embedded ClickHouse on a folder); default $TREELLM_CLICKHOUSE when --db is not given",
+    )
+    parser.add_argument(
+        "--clickhouse-table", default="otel_traces", metavar="NAME", help="the spans table (default otel_traces)"
+    )
     dashboard.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s: loopback)")
     dashboard.add_argument("--port", type=int, default=8501, help="port (default %(default)s)")
     dashboard.set_defaults(func=_cmd_dashboard)

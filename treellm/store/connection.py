@@ -22,18 +22,19 @@ from pathlib import Path
 
 import duckdb
 
+from treellm import settings
 from treellm.errors import StoreBusyError, StoreError
 from treellm.store.schema import MIGRATIONS
 
 __all__ = ["DEFAULT_DB", "ENV_DB", "apply_migrations", "default_db_path", "open_parquet", "open_store"]
 
-DEFAULT_DB = "treellm.duckdb"
-ENV_DB = "TREELLM_DB"
+DEFAULT_DB = str(settings.get(settings.TREELLM_DB, {}))
+ENV_DB = settings.TREELLM_DB.name
 
 
 def default_db_path() -> Path:
     """``$TREELLM_DB``, else ``treellm.duckdb`` in the current folder."""
-    return Path(os.environ.get(ENV_DB) or DEFAULT_DB)
+    return settings.get(settings.TREELLM_DB)
 
 
 def _is_lock_conflict(exc: Exception) -> bool:

@@ -44,6 +44,7 @@ import duckdb
 import orjson
 import pandas as pd
 
+from treellm import settings
 from treellm.engine import repeats
 from treellm.engine.tools import result_hash
 from treellm.errors import IngestError, StoreError
@@ -61,9 +62,8 @@ __all__ = ["BadRecord", "FileReport", "IngestReport", "InputFormatChoice", "inge
 
 InputFormatChoice = Literal["auto", InputFormat]  # the names of treellm.store.formats.FORMATS
 MAX_LINE_BYTES = 64 * 1024 * 1024
-MEMORY_LIMIT = os.environ.get("TREELLM_INGEST_MEMORY_LIMIT", "1GB")
+MEMORY_LIMIT = settings.get(settings.TREELLM_INGEST_MEMORY_LIMIT)  # read once, at import
 DEFAULT_INTERNAL = frozenset(conventions.DEFAULT_INTERNAL_TOOLS)
-ENV_INTERNAL_TOOLS = "TREELLM_INTERNAL_TOOLS"
 _DEFAULT_RULE = repeats.ToolRule()
 """Other frameworks' calls are judged by the default rule: the shell classifier for shell
 tools, the default failure patterns on results (``docs/architecture.md``)."""
@@ -322,10 +322,8 @@ def _read_foreign(con: duckdb.DuckDBPyConnection, internal_tools: frozenset[str]
 def internal_tools() -> frozenset[str]:
     """Framework-internal tool names: ``TREELLM_INTERNAL_TOOLS`` (comma-separated; empty for
     none) else :data:`treellm.telemetry.conventions.DEFAULT_INTERNAL_TOOLS`."""
-    text = os.environ.get(ENV_INTERNAL_TOOLS)
-    if text is None:
-        return DEFAULT_INTERNAL
-    return frozenset(name.strip() for name in text.split(",") if name.strip())
+    names = settings.get(settings.TREELLM_INTERNAL_TOOLS)
+    return DEFAULT_INTERNAL if names is None else frozenset(names)
 
 
 def _finish_foreign(con: duckdb.DuckDBPyConnection, internal: frozenset[str] | None = None) -> None:

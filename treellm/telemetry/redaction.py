@@ -16,12 +16,12 @@ process-wide default, which only ``configure`` writes.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+from treellm import settings
 from treellm.errors import ConfigError
 from treellm.signature import RawArguments, canonical_json
 
@@ -29,8 +29,6 @@ __all__ = ["Capture", "CaptureMode", "redact_text", "redact_value", "resolve_cap
 
 CaptureMode = Literal["redacted", "full", "none"]
 MASK = "[REDACTED]"
-ENV_CAPTURE = "TREELLM_CAPTURE"
-ENV_CAPTURE_MAX_LENGTH = "TREELLM_CAPTURE_MAX_LENGTH"
 
 _SECRET_KEY = re.compile(
     r"(?i)(?:^|[_\-.\s])(?:api[_-]?key|apikey|x[_-]api[_-]key|token|access[_-]?token|refresh[_-]?token|id[_-]?token"
@@ -146,17 +144,7 @@ def resolve_capture(capture: Capture | CaptureMode | None = None) -> Capture:
         return Capture(capture)
     if _default is not None:
         return _default
-    mode = os.environ.get(ENV_CAPTURE, "redacted").strip().lower() or "redacted"
-    if mode not in get_args(CaptureMode):
-        raise ConfigError(f"{ENV_CAPTURE}: expected redacted, full or none, got {mode!r}", setting=ENV_CAPTURE)
-    length_text = os.environ.get(ENV_CAPTURE_MAX_LENGTH)
-    if length_text is None:
-        return Capture(mode)  # type: ignore[arg-type]
-    try:
-        length = int(length_text)
-    except ValueError as exc:
-        raise ConfigError(
-            f"{ENV_CAPTURE_MAX_LENGTH}: expected an integer >= 1, got {length_text!r}",
-            setting=ENV_CAPTURE_MAX_LENGTH,
-        ) from exc
-    return Capture(mode, length)  # type: ignore[arg-type]
+    mode = settings.get(settings.TREELLM_CAPTURE)
+    length = settings.get(settings.TREELLM_CAPTURE_MAX_LENGTH)
+    default = Capture()  # unset variables leave the dataclass defaults
+    return Capture(mode or default.mode, length or default.max_length)  # type: ignore[arg-type]
