@@ -86,7 +86,14 @@ from treellm.engine.events import (
     notify,
 )
 from treellm.engine.nodes import NodeStatus, ToolNode
-from treellm.engine.repeats import RepeatPolicy, ToolRule, ToolSettings, answer_text, pruned_call
+from treellm.engine.repeats import (
+    RepeatPolicy,
+    ToolRule,
+    ToolSettings,
+    answer_text,
+    oversized_arguments,
+    pruned_call,
+)
 from treellm.engine.tools import result_hash, result_text
 from treellm.loop import CallKey, LimitSource, LoopDecision, PathSignatures, call_key
 from treellm.models.base import arguments_text
@@ -312,7 +319,7 @@ class LoopGuard:
         tool = decision.tool
         action = self.policy.action(tool)
         shadow = self.config.shadow
-        previous = next((conv.results[i] for i in reversed(earlier) if i in conv.results), "")
+        previous = next((conv.results[i] for i in reversed(earlier) if i in conv.results), None)
         answer = (
             None
             if shadow
@@ -321,8 +328,8 @@ class LoopGuard:
         pruned = pruned_call(
             decision,
             call_id=call_id or "",
-            raw_arguments=_raw(arguments),
-            arguments=parse_arguments(arguments),
+            raw_arguments=self._raw(arguments),
+            arguments=self._parsed(arguments),
             action=action,
             shadow=shadow,
             answer=answer,
@@ -331,6 +338,15 @@ class LoopGuard:
         conv.pruned += 0 if shadow else 1
         self._emit(conv, LoopDetected(pruned))
         return action, answer
+
+    def _parsed(self, arguments: Any) -> Any:
+        """The arguments as nodes and events carry them (a preview when over the config's limits)."""
+        oversized = oversized_arguments(arguments, self.config)
+        return parse_arguments(arguments) if oversized is None else oversized[1]
+
+    def _raw(self, arguments: Any) -> str:
+        oversized = oversized_arguments(arguments, self.config)
+        return _raw(arguments) if oversized is None else oversized[0]
 
     def _reserve(self, conv: _Conversation, key: CallKey, decision: LoopDecision, call_id: str | None) -> _Reservation:
         held = _Reservation(f"r{next(self._reservations)}", key, call_id, conv.node_id(), decision, self.clock())
@@ -366,7 +382,7 @@ class LoopGuard:
         """
         key: CallKey = call_key(tool, arguments)
         text = result_text(result)
-        raw = _raw(arguments)
+        raw = self._raw(arguments)
         error = self.policy.is_failure(tool, text, status_error=error)
         state_change = self.policy.state_change(tool, arguments, failed=error)
         with self._lock:
@@ -389,7 +405,7 @@ class LoopGuard:
                 ended_ns=now,
                 tool_name=tool,
                 call_id=call_id or node_id,
-                args=parse_arguments(arguments),
+                args=self._parsed(arguments),
                 raw_args=raw,
                 signature=decision.signature,
                 ordinal=decision.ordinal,

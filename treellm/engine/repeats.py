@@ -249,12 +249,24 @@ def loop_message(tool: str, raw_arguments: str, action: RepeatAction) -> str:
     return f"[tree] Loop detected: {tool}({raw_arguments}) already in path — {_TAILS[action]}"
 
 
-def answer_text(action: RepeatAction, *, tool: str, count: int, limit: int, earlier_result: str) -> str | None:
+IN_FLIGHT_ANSWER = (
+    "[treellm] {tool} is already running with these exact arguments on this path (limit {limit}), so it was "
+    "not started again: its result comes back with the call already running."
+)
+
+
+def answer_text(
+    action: RepeatAction, *, tool: str, count: int, limit: int, earlier_result: str | None
+) -> str | None:
     """The tool result sent back for a caught call: None for ``prune``, the earlier result
     for ``cache``, and for ``nudge`` a note saying the call was already made, how often,
-    and its earlier result."""
+    and its earlier result. ``earlier_result`` None means the identical earlier call is
+    still running (LoopGuard's concurrent calls): both actions then say so instead of
+    answering with an empty result."""
     if action == "prune":
         return None
+    if earlier_result is None:
+        return IN_FLIGHT_ANSWER.format(tool=tool, limit=limit)
     if action == "cache":
         return earlier_result
     times = "once" if count == 1 else f"{count} times"
