@@ -280,7 +280,7 @@ def _reader(args: argparse.Namespace) -> Any:
 
     if args.parquet:
         return open_parquet(args.parquet)
-    clickhouse = getattr(args, "clickhouse", None) or (None if args.db else os.environ.get("TREELLM_CLICKHOUSE"))
+    clickhouse = args.clickhouse or (None if args.db else settings.get(settings.TREELLM_CLICKHOUSE))
     if clickhouse:
         from treellm.store.clickhouse import open_clickhouse
 
@@ -660,15 +660,6 @@ def build_parser() -> argparse.ArgumentParser:
     source = dashboard.add_mutually_exclusive_group()
     source.add_argument("--db", help="the store (default $TREELLM_DB or ./treellm.duckdb)")
     source.add_argument("--parquet", nargs="+", metavar="DIR", help="read `treellm export` folders instead")
-    source.add_argument(
-        "--clickhouse",
-        metavar="URL",
-        help="read the OpenTelemetry Collector's ClickHouse table instead: http(s)://user:pass@host:8123 or "
-        "chdb:PATH (embedded ClickHouse on a folder); default $TREELLM_CLICKHOUSE when --db is not given",
-    )
-    parser.add_argument(
-        "--clickhouse-table", default="otel_traces", metavar="NAME", help="the spans table (default otel_traces)"
-    )
     dashboard.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s: loopback)")
     dashboard.add_argument("--port", type=int, default=8501, help="port (default %(default)s)")
     dashboard.set_defaults(func=_cmd_dashboard)
