@@ -132,25 +132,28 @@ def assert_guarded(
 
     A caught call quotes the earlier result (``cache`` is that result, ``nudge`` ends with
     it) once that call was recorded: always in ``sequential`` mode; in ``parallel`` mode
-    the earlier identical calls of the turn may still be running (then it is empty)."""
+    the earlier identical calls of the turn may still be running: the answer then says so."""
     assert summary["bodies"] == limit * runs, summary
     assert len(summary["runs"]) == runs
-    earlier = (result,) if mode == "sequential" else (result, "")
     for answers in summary["runs"]:
         assert len(answers) == calls, answers
+        running = [a for a in answers if "is already running with these exact arguments" in a["content"]]
+        assert mode == "parallel" or not running, answers
+        answers = [a for a in answers if a not in running]
         if action == "cache":  # a cached answer is the earlier result itself: the bodies tell
-            assert all(a["content"] in earlier for a in answers), answers
+            assert all(a["content"] == result for a in answers), answers
+            assert len(answers) + len(running) == calls
             continue
         ran = [a for a in answers if a["content"] == result]
         caught = [a for a in answers if a["content"] != result]
         assert len(ran) == limit, answers
-        assert len(caught) == calls - limit, answers
+        assert len(caught) + len(running) == calls - limit, answers
         for answer in caught:
             head, _, tail = answer["content"].partition("Earlier result:\n")
             assert head.startswith("[treellm] search"), answer
             if action == "nudge":
                 assert f"was already called {limit} times" in head, answer
-                assert tail in earlier, answer
+                assert tail == result, answer
             else:
                 assert "was pruned" in head, answer
 
