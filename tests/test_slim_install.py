@@ -23,6 +23,8 @@ SCRIPT = textwrap.dedent(
     import json, subprocess, sys
     import treellm
     from treellm import LoopGuard, configure
+    import treellm.integrations.langgraph  # an adapter's glue imports without its framework
+    import treellm.integrations.openai_agents
 
 
     provider = configure(service_name="slim", jsonl=sys.argv[1])
