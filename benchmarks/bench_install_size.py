@@ -56,7 +56,7 @@ def main() -> None:
         print(f"{target:<24}{size / 1e6:>10.1f}{size / core:>10.2f}")
 
     sys.path.insert(0, str(ROOT))
-    import treellm.signature as signature
+    from treellm import signature
 
     print("\nsignature hash of a 10,000-character argument text (median of 5 x 200)")
     text = "x" * 10_000

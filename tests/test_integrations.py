@@ -135,11 +135,11 @@ def assert_guarded(
     the earlier identical calls of the turn may still be running: the answer then says so."""
     assert summary["bodies"] == limit * runs, summary
     assert len(summary["runs"]) == runs
-    for answers in summary["runs"]:
-        assert len(answers) == calls, answers
-        running = [a for a in answers if "is already running with these exact arguments" in a["content"]]
-        assert mode == "parallel" or not running, answers
-        answers = [a for a in answers if a not in running]
+    for run_answers in summary["runs"]:
+        assert len(run_answers) == calls, run_answers
+        running = [a for a in run_answers if "is already running with these exact arguments" in a["content"]]
+        assert mode == "parallel" or not running, run_answers
+        answers = [a for a in run_answers if a not in running]
         if action == "cache":  # a cached answer is the earlier result itself: the bodies tell
             assert all(a["content"] == result for a in answers), answers
             assert len(answers) + len(running) == calls

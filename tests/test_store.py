@@ -12,10 +12,13 @@ from typing import Any
 
 import duckdb
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExportResult
+from opentelemetry.trace import SpanContext, TraceFlags
 
 from treellm import IngestError, OTLPJsonlSpanExporter, RunResult, StoreBusyError, ThinkNode
+from treellm.otlp import traces_data_line
 from treellm.simulate.demo import demo_executor
 from treellm.store.connection import open_parquet, open_store
 from treellm.store.exporter import DuckDBSpanExporter
@@ -96,7 +99,7 @@ def test_the_duckdb_exporter_round_trip(tmp_path: Path) -> None:
     exporter = DuckDBSpanExporter(db)
     result = traced_demo(exporter, batch=True)
     assert exporter.failures == 0 and exporter.exported_spans == result.stats.nodes + 3
-    assert exporter.journal.stat().st_size == 0
+    assert exporter.journal.stats().unflushed_bytes == 0
     con = open_store(db, read_only=True)
     assert_views_match_the_run(con, result)
     con.close()
@@ -116,13 +119,53 @@ def test_a_busy_store_keeps_batches_in_the_journal_until_it_is_free(tmp_path: Pa
                 open_store(db, read_only=True, retries=1, backoff_s=0.01)
             exporter = DuckDBSpanExporter(db, busy_retries=0)
             result = traced_demo(exporter)
-            assert exporter.deferred > 0 and exporter.journal.stat().st_size > 0
+            assert exporter.deferred > 0 and exporter.journal.stats().unflushed_bytes > 0
         finally:
             holder.communicate("\n", timeout=30)
     restarted = DuckDBSpanExporter(db)  # replays the journal on start
-    assert restarted.journal.stat().st_size == 0
+    assert restarted.journal.stats().unflushed_bytes == 0 and restarted.journal.folder == exporter.journal.folder
     con = open_store(db, read_only=True)
     assert_views_match_the_run(con, result)
+    con.close()
+
+
+def sdk_span(span_id: int, *, start: int = 1_700_000_000_000_000_000) -> ReadableSpan:
+    context = SpanContext(trace_id=0xABC, span_id=span_id, is_remote=False, trace_flags=TraceFlags(1))
+    return ReadableSpan(name=f"span-{span_id}", context=context, resource=Resource.create({"service.name": "t"}),
+                        start_time=start, end_time=max(start, 1_700_000_000_000_000_001))  # fmt: skip
+
+
+def test_the_exporter_quarantines_a_span_the_store_refuses_and_stores_the_rest_once(tmp_path: Path) -> None:
+    db = tmp_path / "refused.duckdb"
+    exporter = DuckDBSpanExporter(db)
+    batch = [sdk_span(1), sdk_span(2), sdk_span(3, start=2**64 - 1), sdk_span(4)]  # 3: above int64
+    assert exporter.export(batch) == SpanExportResult.SUCCESS
+    assert exporter.export(batch) == SpanExportResult.SUCCESS  # a retried batch stores nothing twice
+    exporter.shutdown()
+    assert exporter.exported_spans == 3 and exporter.failures == 0 and exporter.journal.stats().unflushed_bytes == 0
+    (quarantined,) = (exporter.journal.folder / "rejected").glob("*.json")  # the same span, set aside once
+    record = json.loads(quarantined.read_bytes())
+    assert "startTimeUnixNano: expected 0..9223372036854775807" in record["reason"]
+    spans = [s for line in record["lines"] for rs in line["resourceSpans"] for ss in rs["scopeSpans"]
+             for s in ss["spans"]]  # fmt: skip
+    assert [s["spanId"] for s in spans] == [f"{3:016x}"]
+    con = open_store(db, read_only=True)
+    assert con.execute("SELECT span_id FROM spans ORDER BY span_id").fetchall() == [(f"{n:016x}",) for n in (1, 2, 4)]
+    con.close()
+
+
+def test_exporters_of_two_processes_share_a_store_and_an_old_journal_file_is_replayed(tmp_path: Path) -> None:
+    db = tmp_path / "shared.duckdb"
+    old_journal = tmp_path / "shared.duckdb.journal.jsonl"  # what an earlier version left after a crash
+    old_journal.write_bytes(traces_data_line([sdk_span(7)]) + b'{"torn')
+    first, second = DuckDBSpanExporter(db), DuckDBSpanExporter(db)  # one journal slot each
+    assert first.journal.folder != second.journal.folder and not old_journal.exists()
+    assert first.exported_spans == 1  # the old journal's span, replayed on start
+    assert second.export([sdk_span(8)]) == SpanExportResult.SUCCESS
+    first.shutdown()
+    second.shutdown()
+    con = open_store(db, read_only=True)
+    assert con.execute("SELECT count(*) FROM spans").fetchall() == [(2,)]
     con.close()
 
 

@@ -54,8 +54,7 @@ class MissingExtraError(TreeLLMError, ImportError):
 
     def __init__(self, feature: str, extra: str, missing: str) -> None:
         super().__init__(
-            f"{feature} needs the optional extra {extra!r} (missing module {missing!r}): "
-            f"pip install 'treellm[{extra}]'"
+            f"{feature} needs the optional extra {extra!r} (missing module {missing!r}): pip install 'treellm[{extra}]'"
         )
         self.feature = feature
         self.extra = extra

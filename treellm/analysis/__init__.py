@@ -8,7 +8,7 @@ or ``open_parquet``). Never imports the engine or streamlit.
 
 from treellm.errors import require_extra
 
-require_extra('treellm.analysis', 'store', 'duckdb', 'pandas', 'tomli_w')
+require_extra("treellm.analysis", "store", "duckdb", "pandas", "tomli_w")
 
 from treellm.analysis.filters import Filters
 from treellm.analysis.metrics import (

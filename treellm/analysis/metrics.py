@@ -13,14 +13,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import duckdb
 import pandas as pd
 
 from treellm.analysis.filters import Filters
+from treellm.store.engine import Connection, StoreConnection, as_connection
 
 __all__ = [
     "CALLS_SQL",
+    "CLICKHOUSE_SETTINGS",
     "REPEATS_SQL",
+    "REPEATS_SQL_CLICKHOUSE",
     "cost_by_tool",
     "prune_rate_by_model",
     "prune_rate_by_tool",
@@ -82,54 +84,103 @@ SELECT *,
 FROM judged
 """
 
+# ClickHouse: unmatched outer-join rows read NULL (as in DuckDB), not the type's default.
+CLICKHOUSE_SETTINGS = "\nSETTINGS join_use_nulls = 1"
 
-def _df(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> pd.DataFrame:
-    return con.execute(sql, params).df()
+# REPEATS_SQL in ClickHouse: JSONExtract for from_json, ARRAY JOIN for unnest, indexOf for
+# list_position, isNotDistinctFrom for IS DISTINCT FROM, lengthUTF8 for length (characters).
+REPEATS_SQL_CLICKHOUSE = f"""
+WITH calls AS ({CALLS_SQL}),
+picked AS (SELECT * FROM calls c WHERE {{where}}),
+reps AS (
+    SELECT p.*, JSONExtract(coalesce(p.earlier_node_ids, '[]'), 'Array(String)') AS earlier
+    FROM picked p WHERE p.ordinal >= 2
+),
+pairs AS (
+    SELECT r.run_id AS run_id, r.node_id AS node_id, e.result_hash AS e_hash, e.status AS e_status,
+           e.node_id AS e_node, indexOf(r.earlier, eid) AS pos
+    FROM reps r ARRAY JOIN r.earlier AS eid
+    JOIN calls e ON e.run_id = r.run_id AND e.node_id = eid
+),
+judged AS (
+    SELECT r.run_id AS run_id, r.node_id AS node_id, any(r.tool) AS tool, any(r.ordinal) AS ordinal,
+           any(r.status) AS status, any(r.shadow_caught) AS shadow_caught,
+           any(r.duration_ns) AS duration_ns, any(lengthUTF8(r.result)) AS result_chars,
+           any(r.start_ns) AS start_ns, any(r.`limit`) AS `limit`,
+           any(r.signature) AS signature, any(r.arguments) AS arguments,
+           toBool(coalesce(min(NOT isNotDistinctFrom(p.e_hash, r.result_hash)), true)) AS all_differ,
+           toBool(any(r.result_hash) IS NULL OR coalesce(max(p.e_hash IS NULL AND p.node_id IS NOT NULL), false))
+               AS missing_result,
+           argMax(p.e_status, p.pos) AS last_status,
+           argMax(p.e_node, p.pos) AS last_earlier,
+           toBool(argMax(p.pos, p.pos) IS NOT NULL) AS has_earlier
+    FROM reps r LEFT JOIN pairs p ON p.run_id = r.run_id AND p.node_id = r.node_id
+    GROUP BY r.run_id, r.node_id
+)
+SELECT *,
+       multiIf(status = 'failed', 'wasted', last_status = 'failed', 'productive', missing_result, 'unknown',
+               all_differ, 'productive', 'wasted') AS outcome,
+       toBool(status = 'completed' AND (last_status = 'failed' OR (all_differ AND NOT missing_result))) AS productive
+FROM judged
+"""
+"""(Without its ``SETTINGS``, so that it nests: append :data:`CLICKHOUSE_SETTINGS` to the outer query.)"""
 
 
-def repeat_samples(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> pd.DataFrame:
+def _df(con: StoreConnection | Connection, sql: str, params: list[Any]) -> pd.DataFrame:
+    return as_connection(con).df(sql, params)
+
+
+def _dialect(con: StoreConnection) -> str:
+    return as_connection(con).dialect
+
+
+def repeat_samples(con: StoreConnection, filters: Filters | None = None) -> pd.DataFrame:
     """One row per executed repeat: run, node, tool, ordinal, status, productive, duration."""
     where, params = (filters or Filters()).where("c")
-    return _df(con, REPEATS_SQL.format(where=where), params)
+    sql = REPEATS_SQL_CLICKHOUSE + CLICKHOUSE_SETTINGS if _dialect(con) == "clickhouse" else REPEATS_SQL
+    return _df(con, sql.format(where=where), params)
 
 
-def totals(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> dict[str, int]:
+def totals(con: StoreConnection, filters: Filters | None = None) -> dict[str, int]:
     """Runs, executed calls and pruned calls in the filtered data."""
     f = filters or Filters()
     run_where, run_params = f.run_condition("r")
     where, params = f.where("c")
     loop_where, loop_params = f.where("l")
-    row = con.execute(
+    frame = _df(
+        con,
         f"""
-        SELECT (SELECT count(*) FROM runs r WHERE {run_where}),
-               (SELECT count(*) FROM ({CALLS_SQL}) c WHERE {where}),
-               (SELECT count(*) FROM loop_events l WHERE NOT l.shadow AND {loop_where})
+        SELECT (SELECT count(*) FROM runs r WHERE {run_where}) AS runs,
+               (SELECT count(*) FROM ({CALLS_SQL}) c WHERE {where}) AS calls,
+               (SELECT count(*) FROM loop_events l WHERE NOT l.shadow AND {loop_where}) AS pruned
         """,
         [*run_params, *params, *loop_params],
-    ).fetchone()
-    runs, calls, pruned = row if row else (0, 0, 0)
+    )
+    runs, calls, pruned = frame.iloc[0].tolist() if len(frame) else (0, 0, 0)
     return {"runs": int(runs), "tool_calls": int(calls), "pruned": int(pruned)}
 
 
-def prune_rate_by_tool(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> pd.DataFrame:
+def prune_rate_by_tool(con: StoreConnection, filters: Filters | None = None) -> pd.DataFrame:
     """Per tool: executed calls, pruned calls by action, shadow catches, prune rate."""
     return _prune_rates(con, filters or Filters(), group=["tool"])
 
 
-def prune_rate_by_model(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> pd.DataFrame:
+def prune_rate_by_model(con: StoreConnection, filters: Filters | None = None) -> pd.DataFrame:
     """The same as :func:`prune_rate_by_tool`, per agent, model and tool."""
     return _prune_rates(con, filters or Filters(), group=["agent", "model", "tool"])
 
 
-def _prune_rates(con: duckdb.DuckDBPyConnection, f: Filters, *, group: list[str]) -> pd.DataFrame:
+def _prune_rates(con: StoreConnection, f: Filters, *, group: list[str]) -> pd.DataFrame:
     where, params = f.where("c")
     loop_where, loop_params = f.where("l")
     keys = ", ".join(group)
+    clickhouse = _dialect(con) == "clickhouse"
     sql = f"""
     WITH executed AS (
         SELECT {", ".join(f"x.{g}" for g in group)}, count(*) AS calls,
                count(*) FILTER (WHERE x.shadow_caught) AS shadow_catches
-        FROM (SELECT c.*, r.agent, r.model FROM ({CALLS_SQL}) c LEFT JOIN runs r USING (run_id) WHERE {where}) x
+        FROM (SELECT c.*, r.agent AS agent, r.model AS model FROM ({CALLS_SQL}) c LEFT JOIN runs r USING (run_id)
+              WHERE {where}) x
         GROUP BY ALL
     ),
     pruned AS (
@@ -137,7 +188,8 @@ def _prune_rates(con: duckdb.DuckDBPyConnection, f: Filters, *, group: list[str]
                count(*) FILTER (WHERE x.action = 'prune') AS pruned_prune,
                count(*) FILTER (WHERE x.action = 'nudge') AS pruned_nudge,
                count(*) FILTER (WHERE x.action = 'cache') AS pruned_cache
-        FROM (SELECT l.* EXCLUDE (model), r.agent, r.model FROM loop_events l LEFT JOIN runs r USING (run_id)
+        FROM (SELECT l.* {"EXCEPT" if clickhouse else "EXCLUDE"} (model), r.agent AS agent, r.model AS model
+              FROM loop_events l LEFT JOIN runs r USING (run_id)
               WHERE NOT l.shadow AND {loop_where}) x
         GROUP BY ALL
     )
@@ -148,6 +200,7 @@ def _prune_rates(con: duckdb.DuckDBPyConnection, f: Filters, *, group: list[str]
            coalesce(p.pruned_cache, 0) AS pruned_cache, coalesce(e.shadow_catches, 0) AS shadow_catches
     FROM executed e FULL OUTER JOIN pruned p USING ({keys})
     ORDER BY pruned DESC, calls DESC, {keys}
+    {CLICKHOUSE_SETTINGS if clickhouse else ""}
     """
     df = _df(con, sql, [*params, *loop_params])
     total = df["calls"] + df["pruned"]
@@ -155,7 +208,7 @@ def _prune_rates(con: duckdb.DuckDBPyConnection, f: Filters, *, group: list[str]
     return df
 
 
-def repeat_outcome_by_tool(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> pd.DataFrame:
+def repeat_outcome_by_tool(con: StoreConnection, filters: Filters | None = None) -> pd.DataFrame:
     """Per tool and ordinal: executed repeats, productive, wasted (and failed among wasted), unknown."""
     samples = repeat_samples(con, filters)
     if samples.empty:
@@ -178,7 +231,7 @@ def repeat_outcome_by_tool(con: duckdb.DuckDBPyConnection, filters: Filters | No
     return out.reset_index(drop=True)
 
 
-def cost_by_tool(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> pd.DataFrame:
+def cost_by_tool(con: StoreConnection, filters: Filters | None = None) -> pd.DataFrame:
     """Time and (estimated) tokens spent in wasted repeats, per tool.
 
     Tokens are estimated as captured result characters / 4 (what the model had to read);
@@ -225,15 +278,28 @@ LEFT JOIN breadth b USING (run_id) LEFT JOIN fan f USING (run_id) LEFT JOIN leav
 ORDER BY p.start_ns
 """
 
+# _SHAPE_SQL in ClickHouse: LEFT SEMI JOIN, and the breadth list as an array sorted by depth.
+_SHAPE_SQL_CLICKHOUSE = (
+    _SHAPE_SQL.replace("FROM nodes nd SEMI JOIN picked", "FROM nodes nd LEFT SEMI JOIN picked")
+    .replace("SELECT p.run_id, p.agent", "SELECT p.run_id AS run_id, p.agent")
+    .replace(
+        "list(k ORDER BY depth) AS breadth_per_depth",
+        "arrayMap(x -> x.2, arraySort(groupArray((depth, k)))) AS breadth_per_depth",
+    )
+    .rstrip()
+    + CLICKHOUSE_SETTINGS
+)
 
-def shape_by_run(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> pd.DataFrame:
+
+def shape_by_run(con: StoreConnection, filters: Filters | None = None) -> pd.DataFrame:
     """Per run: nodes by kind, max depth, breadth per depth (ThinkNodes), branching factor
     (mean children of a node with children), leaves, pruned calls, outcome."""
     run_where, params = (filters or Filters()).run_condition("r")
-    return _df(con, _SHAPE_SQL.format(run_where=run_where), params)
+    sql = _SHAPE_SQL_CLICKHOUSE if _dialect(con) == "clickhouse" else _SHAPE_SQL
+    return _df(con, sql.format(run_where=run_where), params)
 
 
-def shape_distribution(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> pd.DataFrame:
+def shape_distribution(con: StoreConnection, filters: Filters | None = None) -> pd.DataFrame:
     """Distributions across runs: count, mean and percentiles of each shape measure."""
     shapes = shape_by_run(con, filters)
     columns = ["nodes", "max_depth", "max_breadth", "branching_factor", "leaves", "pruned_calls"]
@@ -247,7 +313,7 @@ def shape_distribution(con: duckdb.DuckDBPyConnection, filters: Filters | None =
     return pd.DataFrame(rows)
 
 
-def runs_by_day(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> pd.DataFrame:
+def runs_by_day(con: StoreConnection, filters: Filters | None = None) -> pd.DataFrame:
     """Per day: runs, executed calls, pruned calls, prune rate, wasted repeats (for charts over time)."""
     f = filters or Filters()
     run_where, params = f.run_condition("r")
@@ -259,7 +325,7 @@ def runs_by_day(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) 
     )
     samples = repeat_samples(con, f)
     if not samples.empty:
-        days = con.execute("SELECT run_id, day FROM runs").df()
+        days = _df(con, "SELECT run_id, day FROM runs", [])
         wasted = samples[samples["outcome"] == "wasted"].merge(days, on="run_id").groupby("day").size()
         df["wasted"] = df["day"].map(wasted).fillna(0).astype(int)
     else:

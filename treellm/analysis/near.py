@@ -31,13 +31,13 @@ import shlex
 from collections import defaultdict
 from typing import Any, Final
 
-import duckdb
 import orjson
 import pandas as pd
 
 from treellm.analysis.filters import Filters
 from treellm.analysis.metrics import CALLS_SQL
 from treellm.shell import DEFAULT_SHELL_TOOLS, command_text, line_window
+from treellm.store.engine import StoreConnection, as_connection
 
 __all__ = ["classify_commands", "classify_pair", "near_repeat_pairs", "near_repeats", "near_repeats_by_tool"]
 
@@ -190,16 +190,16 @@ def _shell_tool(tool: str, shell_tools: frozenset[str]) -> bool:
 # -- over a store -------------------------------------------------------------------------------
 
 
-def _load(con: duckdb.DuckDBPyConnection, f: Filters) -> pd.DataFrame:
+def _load(con: StoreConnection, f: Filters) -> pd.DataFrame:
     where, params = f.where("c")
-    return con.execute(
+    return as_connection(con).df(
         f"""SELECT c.run_id, c.tool, c.signature, c.arguments, c.result_hash, c.node_id, c.parent_id,
                    c.trace_id, c.span_id, s.tool_call_id AS call_id
             FROM ({CALLS_SQL}) c JOIN spans s USING (trace_id, span_id)
             WHERE {where} AND c.arguments IS NOT NULL
             ORDER BY c.run_id, c.tool, c.start_ns, c.span_id""",
         params,
-    ).df()
+    )
 
 
 _PAIR_COLUMNS = [
@@ -217,7 +217,7 @@ def _classify(tool: str, before: Any, after: Any, shell_tools: frozenset[str], s
 
 
 def near_repeats(
-    con: duckdb.DuckDBPyConnection,
+    con: StoreConnection,
     filters: Filters | None = None,
     *,
     similarity: float = 0.85,
@@ -265,7 +265,7 @@ def near_repeats(
 
 
 def near_repeat_pairs(
-    con: duckdb.DuckDBPyConnection, filters: Filters | None = None, *, similarity: float = 0.85
+    con: StoreConnection, filters: Filters | None = None, *, similarity: float = 0.85
 ) -> pd.DataFrame:
     """:func:`near_repeats` with ``kind`` as the detailed kind (``paging`` or a near kind)."""
     pairs = near_repeats(con, filters, similarity=similarity)
@@ -277,7 +277,7 @@ def near_repeat_pairs(
 
 
 def near_repeats_by_tool(
-    con: duckdb.DuckDBPyConnection, filters: Filters | None = None, *, similarity: float = 0.85, examples: int = 3
+    con: StoreConnection, filters: Filters | None = None, *, similarity: float = 0.85, examples: int = 3
 ) -> pd.DataFrame:
     """Per tool: near repeats by kind, how many were wasted, paging pairs apart, and examples."""
     pairs = near_repeats(con, filters, similarity=similarity)

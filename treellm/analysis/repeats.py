@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import duckdb
 import orjson
 import pandas as pd
 
 from treellm.analysis.filters import Filters
 from treellm.analysis.metrics import CALLS_SQL
+from treellm.store.engine import DuckDBConnection, StoreConnection, as_connection
 
 __all__ = ["REPEAT_COLUMNS", "judge_repeat", "repeats"]
 
@@ -58,17 +58,21 @@ def judge_repeat(*, status: str, result_hash: str | None, twins: list[tuple[str 
     return "wasted", f"same result as {same} earlier identical call(s), nothing changed state between"
 
 
-def repeats(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> pd.DataFrame:
+def repeats(con: StoreConnection, filters: Filters | None = None) -> pd.DataFrame:
     """One row per executed repeat (``REPEAT_COLUMNS``), in run and time order."""
     where, params = (filters or Filters()).where("c")
-    calls = con.execute(
-        f"""SELECT c.trace_id, c.span_id, c.run_id, c.node_id, c.tool, c.ordinal, c.status, c.result_hash,
+    engine = as_connection(con)
+    sql = f"""SELECT c.trace_id, c.span_id, c.run_id, c.node_id, c.tool, c.ordinal, c.status, c.result_hash,
                    c.earlier_node_ids, c.arguments, s.tool_call_id AS call_id
             FROM ({CALLS_SQL}) c JOIN spans s USING (trace_id, span_id)
             WHERE {where} AND c.run_id IN (SELECT run_id FROM ({CALLS_SQL}) x WHERE x.ordinal >= 2)
-            ORDER BY c.run_id, c.start_ns, c.span_id""",
-        params,
-    ).fetchall()
+            ORDER BY c.run_id, c.start_ns, c.span_id"""
+    calls: list[tuple[Any, ...]]
+    if isinstance(engine, DuckDBConnection):
+        calls = engine.raw.execute(sql, params).fetchall()
+    else:
+        frame = engine.df(sql, params).astype(object)
+        calls = list(frame.where(frame.notna(), None).itertuples(index=False, name=None))
     by_node = {(row[2], row[3]): row for row in calls}
     out: list[tuple[Any, ...]] = []
     for row in calls:

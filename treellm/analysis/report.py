@@ -5,17 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import duckdb
-
 from treellm.analysis.filters import Filters
 from treellm.analysis.metrics import prune_rate_by_tool, repeat_outcome_by_tool, totals
 from treellm.analysis.near import near_repeats_by_tool
 from treellm.analysis.tuning import DEFAULT_MIN_PRODUCTIVE, DEFAULT_MIN_SAMPLES, DEFAULT_TOLERANCE, tuning_by_tool
+from treellm.store.engine import StoreConnection
 
 __all__ = ["report", "tune"]
 
 
-def report(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> dict[str, Any]:
+def report(con: StoreConnection, filters: Filters | None = None) -> dict[str, Any]:
     """``{"runs", "tool_calls", "pruned", "tools": [...]}``, one item per tool with ``calls``,
     ``pruned``, ``prune_rate``, ``exact_repeats``, ``productive_repeats``, ``wasted_repeats``,
     ``near_repeats``."""
@@ -45,7 +44,7 @@ def report(con: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> di
 
 
 def tune(
-    con: duckdb.DuckDBPyConnection,
+    con: StoreConnection,
     filters: Filters | None = None,
     *,
     tolerance: float = DEFAULT_TOLERANCE,

@@ -17,13 +17,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import duckdb
 import pandas as pd
 import tomli_w
 
 from treellm.analysis.filters import Filters
-from treellm.analysis.metrics import CALLS_SQL, repeat_samples
+from treellm.analysis.metrics import CALLS_SQL, CLICKHOUSE_SETTINGS, REPEATS_SQL_CLICKHOUSE, repeat_samples
 from treellm.shell import DEFAULT_SHELL_TOOLS
+from treellm.store.engine import DuckDBConnection, StoreConnection, as_connection
 
 __all__ = [
     "DEFAULT_MIN_PRODUCTIVE",
@@ -50,47 +50,60 @@ def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def _current_limits(con: duckdb.DuckDBPyConnection, f: Filters) -> pd.DataFrame:
+def _current_limits(con: StoreConnection, f: Filters) -> pd.DataFrame:
     where, params = f.where("c")
-    return con.execute(
+    engine = as_connection(con)
+    if engine.dialect == "clickhouse":  # mode(x): the most frequent non-NULL value, NULL when none
+        return engine.df(
+            f"""SELECT c.tool AS tool,
+                       if(count(c."limit") = 0, NULL, topKIf(1)(c."limit", c."limit" IS NOT NULL)[1]) AS current_limit,
+                       if(count(c.limit_source) = 0, NULL,
+                          topKIf(1)(c.limit_source, c.limit_source IS NOT NULL)[1]) AS limit_source,
+                       count(*) AS calls
+                FROM ({CALLS_SQL}) c WHERE {where} GROUP BY c.tool""",
+            params,
+        )
+    return engine.df(
         f"""SELECT c.tool, mode(c."limit") AS current_limit, mode(c.limit_source) AS limit_source,
                    count(*) AS calls
             FROM ({CALLS_SQL}) c WHERE {where} GROUP BY c.tool""",
         params,
-    ).df()
+    )
 
 
-def _afresh(con: duckdb.DuckDBPyConnection, f: Filters) -> dict[str, int]:
+def _afresh(con: StoreConnection, f: Filters) -> dict[str, int]:
     """Per tool: identical calls (same signature in the run as an earlier one) that a state
     change between made count afresh (ordinal 1): re-runs after a write, not loops."""
     where, params = f.where("c")
-    rows = con.execute(
-        f"""SELECT tool, count(*) FILTER (WHERE ordinal = 1 AND seen > 1) FROM (
-                SELECT c.tool, c.ordinal,
+    frame = as_connection(con).df(
+        f"""SELECT tool, count(*) FILTER (WHERE ordinal = 1 AND seen > 1) AS afresh FROM (
+                SELECT c.tool AS tool, c.ordinal AS ordinal,
                        row_number() OVER (PARTITION BY c.run_id, c.signature ORDER BY c.start_ns, c.span_id) AS seen
                 FROM ({CALLS_SQL}) c WHERE {where}) GROUP BY tool""",
         params,
-    ).fetchall()
-    return {str(tool): int(count) for tool, count in rows}
+    )
+    return {str(tool): int(count) for tool, count in zip(frame["tool"], frame["afresh"], strict=True)}
 
 
-def _pruned_counts(con: duckdb.DuckDBPyConnection, f: Filters) -> pd.DataFrame:
+def _pruned_counts(con: StoreConnection, f: Filters) -> pd.DataFrame:
     where, params = f.where("l")
-    return con.execute(f"""SELECT l.tool, l.count FROM loop_events l WHERE NOT l.shadow AND {where}""", params).df()
+    return as_connection(con).df(
+        f"""SELECT l.tool AS tool, l.count AS count FROM loop_events l WHERE NOT l.shadow AND {where}""", params
+    )
 
 
-def _turn_ends(con: duckdb.DuckDBPyConnection, f: Filters) -> pd.DataFrame:
+def _turn_ends(con: StoreConnection, f: Filters) -> pd.DataFrame:
     """Each executed call with its turn (the ThinkNode that asked; a call alone when unknown)."""
     where, params = f.where("c", tool_column=None)
-    return con.execute(
-        f"""SELECT c.run_id, coalesce(c.parent_id, c.node_id) AS turn, c.tool, c.ordinal
+    return as_connection(con).df(
+        f"""SELECT c.run_id AS run_id, coalesce(c.parent_id, c.node_id) AS turn, c.tool AS tool, c.ordinal AS ordinal
             FROM ({CALLS_SQL}) c WHERE {where}""",
         params,
-    ).df()
+    )
 
 
 def what_if_by_tool_limit(
-    con: duckdb.DuckDBPyConnection, filters: Filters | None = None, *, max_limit: int | None = None
+    con: StoreConnection, filters: Filters | None = None, *, max_limit: int | None = None
 ) -> pd.DataFrame:
     """For each tool and limit L in 1..N: executed calls L would prune, split into wasted
     (saved) and productive (lost), the branches that would end (turns whose every call L
@@ -139,7 +152,7 @@ def _turn_summary(turns: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def _intervening_tools(con: duckdb.DuckDBPyConnection, samples: pd.DataFrame) -> pd.Series:
+def _intervening_tools(con: StoreConnection, samples: pd.DataFrame) -> pd.Series:
     """For each repeat: the tools whose other calls succeeded between it and its last earlier
     twin (its own tool included, when that tool made other calls: a tool that writes too)."""
     if samples.empty:
@@ -147,9 +160,41 @@ def _intervening_tools(con: duckdb.DuckDBPyConnection, samples: pd.DataFrame) ->
     keys = samples[["run_id", "node_id", "last_earlier", "start_ns", "tool", "signature"]].dropna(
         subset=["last_earlier"]
     )
+    engine = as_connection(con)
+    if not isinstance(engine, DuckDBConnection):
+        found = _intervening_tools_sql(engine, sorted(set(keys["run_id"])))
+    else:
+        found = _intervening_tools_duckdb(engine, keys)
+    lookup = {(r, n): set(t) for r, n, t in found.itertuples(index=False)}
+    return pd.Series([lookup.get((r, n), set()) for r, n in zip(samples["run_id"], samples["node_id"], strict=True)],
+                     index=samples.index)  # fmt: skip
+
+
+def _intervening_tools_sql(engine: StoreConnection, run_ids: list[str]) -> pd.DataFrame:
+    """ClickHouse: the repeats' keys are judged again in SQL for the runs at hand (no
+    registered DataFrame): the same rows as the DuckDB query for those keys."""
+    reps = REPEATS_SQL_CLICKHOUSE.format(where="has(?, c.run_id)")
+    return as_connection(engine).df(
+        f"""
+        WITH calls AS ({CALLS_SQL})
+        SELECT k.run_id AS run_id, k.node_id AS node_id, groupUniqArray(c.tool) AS tools
+        FROM ({reps}) k
+        JOIN calls e ON e.run_id = k.run_id AND e.node_id = k.last_earlier
+        JOIN calls c ON c.run_id = k.run_id
+        WHERE k.last_earlier IS NOT NULL AND c.start_ns > e.start_ns AND c.start_ns < k.start_ns
+          AND c.status = 'completed' AND NOT isNotDistinctFrom(c.signature, k.signature)
+        GROUP BY k.run_id, k.node_id
+        {CLICKHOUSE_SETTINGS}
+        """,
+        [run_ids],
+    )
+
+
+def _intervening_tools_duckdb(engine: DuckDBConnection, keys: pd.DataFrame) -> pd.DataFrame:
+    con = engine.raw
     con.register("treellm_repeat_keys", keys)
     try:
-        found = con.execute(
+        return con.execute(
             f"""
             WITH calls AS ({CALLS_SQL})
             SELECT k.run_id, k.node_id, list(DISTINCT c.tool) AS tools
@@ -162,9 +207,6 @@ def _intervening_tools(con: duckdb.DuckDBPyConnection, samples: pd.DataFrame) ->
         ).df()
     finally:
         con.unregister("treellm_repeat_keys")
-    lookup = {(r, n): set(t) for r, n, t in found.itertuples(index=False)}
-    return pd.Series([lookup.get((r, n), set()) for r, n in zip(samples["run_id"], samples["node_id"], strict=True)],
-                     index=samples.index)  # fmt: skip
 
 
 def _mutating_cause(samples: pd.DataFrame, between: pd.Series) -> tuple[str, int, float, float] | None:
@@ -218,7 +260,7 @@ def _quote(value: Any, limit: int = 120) -> str:
 
 
 def tuning_by_tool(
-    con: duckdb.DuckDBPyConnection,
+    con: StoreConnection,
     filters: Filters | None = None,
     *,
     tolerance: float = DEFAULT_TOLERANCE,
@@ -314,7 +356,7 @@ def _recommend(samples: pd.DataFrame, tolerance: float) -> int:
 
 
 def _verdict(
-    con: duckdb.DuckDBPyConnection,
+    con: StoreConnection,
     samples: pd.DataFrame,
     *,
     tool: str,

@@ -17,14 +17,14 @@ How it fits the store's one-writer-or-many-readers rule (``docs/architecture.md`
                                                                       then the segment is deleted)
 
 - Durability: a request is answered 200 only once its spans are fsync'd in the journal
-  (:mod:`treellm.collector.journal`), an append-only folder of segment files beside the
+  (:mod:`treellm.store.journal`), an append-only folder of segment files beside the
   store. A crash (even ``kill -9``) loses nothing acknowledged: the segments left behind
   are replayed into the store when the collector starts again (a torn last line, never
   acknowledged, is dropped).
 - Group commit: the journal writer thread takes every request queued since its last
   fsync and writes them with one ``write`` and one ``fdatasync``; the more concurrent
   requests, the more share one sync, so throughput does not collapse under fsync.
-- Batched writes into the store (:mod:`treellm.collector.flusher`): about every second
+- Batched writes into the store (:mod:`treellm.store.flusher`): about every second
   the flusher takes the oldest closed segment (or closes the open one) and ingests it
   with :func:`~treellm.store.ingest_file` in one transaction, holding DuckDB's write
   lock only while it writes; then it deletes it. Ingest is idempotent by
@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 from treellm.errors import require_extra
 
-require_extra('treellm.collector', 'collector', 'starlette', 'uvicorn', 'duckdb')
+require_extra("treellm.collector", "collector", "starlette", "uvicorn", "duckdb")
 
 from treellm.collector.config import CollectorConfig
 

@@ -3,16 +3,21 @@
 ::
 
     TreeLLMError
-    └── CollectorError        the collector cannot start or run (names the folder or address)
-        ├── BadRequest        the body cannot be decoded (400, never retried)
-        ├── PayloadTooLarge   the body is above the limit, as sent or decompressed (413)
+    ├── CollectorError        the collector cannot start or run (names the folder or address)
+    │   ├── BadRequest        the body cannot be decoded (400, never retried)
+    │   └── PayloadTooLarge   the body is above the limit, as sent or decompressed (413)
+    └── StoreError
         ├── Overloaded        the journal is over a bound (429 or 503 with Retry-After)
         └── JournalError      the journal could not be written or is closed (503)
+
+``Overloaded`` and ``JournalError`` are the store journal's (:mod:`treellm.store.journal`),
+re-exported here; the collector turns a journal it cannot open into a ``CollectorError``.
 """
 
 from __future__ import annotations
 
 from treellm.errors import TreeLLMError
+from treellm.store.journal import JournalError, Overloaded
 
 __all__ = ["BadRequest", "CollectorError", "JournalError", "Overloaded", "PayloadTooLarge"]
 
@@ -39,16 +44,3 @@ class PayloadTooLarge(CollectorError):
     def __init__(self, message: str, *, limit: int) -> None:
         super().__init__(message)
         self.limit = limit
-
-
-class Overloaded(CollectorError):
-    """The journal cannot take more now: ``status`` is 429 (too much waits for the fsync)
-    or 503 (too much is journaled and not yet in the store)."""
-
-    def __init__(self, message: str, *, status: int) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class JournalError(CollectorError):
-    """The journal could not be written (the disk refused it) or is closed (shutting down)."""

@@ -68,9 +68,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from treellm.collector.config import DEFAULTS, CollectorConfig, journal_folder
 from treellm.collector.decode import Decoded, Encoding, decode_metrics_request, decode_request, decompress
-from treellm.collector.errors import BadRequest, CollectorError, JournalError, Overloaded, PayloadTooLarge
-from treellm.collector.flusher import Flusher, FlusherStats, IngestFn
-from treellm.collector.journal import Journal, JournalStats
+from treellm.collector.errors import BadRequest, CollectorError, PayloadTooLarge
 from treellm.collector.protocol import (
     ContentCoding,
     bearer_matches,
@@ -83,6 +81,8 @@ from treellm.collector.protocol import (
 )
 from treellm.errors import ConfigError
 from treellm.store import ingest_file
+from treellm.store.flusher import Flusher, FlusherStats, IngestFn
+from treellm.store.journal import Journal, JournalError, JournalInUseError, JournalStats, Overloaded, Segment
 
 __all__ = [
     "EXIT_DRAINED",
@@ -251,6 +251,18 @@ class _GuardedH11(H11Protocol):
         self.transport.close()
 
 
+def _open_journal(journal: Journal) -> list[Segment]:
+    """:meth:`Journal.open`, its errors told as the collector's."""
+    try:
+        return journal.open()
+    except JournalInUseError as exc:
+        raise CollectorError(
+            f"the journal {journal.folder} is in use by another collector (pid {exc.pid}); one collector per store"
+        ) from exc
+    except JournalError as exc:
+        raise CollectorError(str(exc)) from exc
+
+
 class Collector:
     """An OTLP/HTTP receiver writing into the store at ``db`` (see the module docstring).
 
@@ -314,9 +326,9 @@ class Collector:
         sock.listen(_BACKLOG)
         sock.setblocking(False)
         try:
-            recovered = self.journal.open()
+            recovered = _open_journal(self.journal)
             try:
-                recovered += self.metrics_journal.open()
+                recovered += _open_journal(self.metrics_journal)
             except BaseException:
                 self.journal.close()
                 self.journal.release()

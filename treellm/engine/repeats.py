@@ -255,9 +255,7 @@ IN_FLIGHT_ANSWER = (
 )
 
 
-def answer_text(
-    action: RepeatAction, *, tool: str, count: int, limit: int, earlier_result: str | None
-) -> str | None:
+def answer_text(action: RepeatAction, *, tool: str, count: int, limit: int, earlier_result: str | None) -> str | None:
     """The tool result sent back for a caught call: None for ``prune``, the earlier result
     for ``cache``, and for ``nudge`` a note saying the call was already made, how often,
     and its earlier result. ``earlier_result`` None means the identical earlier call is

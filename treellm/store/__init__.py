@@ -6,7 +6,7 @@
 
 from treellm.errors import require_extra
 
-require_extra('treellm.store', 'store', 'duckdb', 'pandas')
+require_extra("treellm.store", "store", "duckdb", "pandas")
 
 from treellm.store.connection import default_db_path, open_parquet, open_store
 from treellm.store.exporter import DuckDBSpanExporter

@@ -28,7 +28,7 @@ Contract:
 
 Durability in the collector (why the journal holds rows): ``treellm collect`` answers a
 metrics request 200 only once its points are fsync'd, exactly as for spans. The points
-go into a second :class:`~treellm.collector.journal.Journal` in ``<journal>/metrics/``
+go into a second :class:`~treellm.store.journal.Journal` in ``<journal>/metrics/``
 (the same segment files, group commit, bounds, torn-tail recovery and ``rejected/``
 folder; the span journal and its ingester stay untouched), one :func:`point_line` per
 point, converted and validated at the receiver, so a journaled line is always

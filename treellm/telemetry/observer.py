@@ -14,19 +14,32 @@ job). The model (``docs/architecture.md``, telemetry):
   (on the run span for a LoopGuard: ``guard_spans`` decides when it makes spans at
   all); ``tool:retry`` and ``budget:exhausted`` are span events too.
 
-Contract: called synchronously in event order (from the run's event loop, or
-from LoopGuard callers' threads: a lock guards the per-run state). A failure
-inside the observer is a telemetry failure: logged, counted in ``failures``,
-never raised into the agent.
+Contract: called synchronously in event order, from the run's event loop or from
+LoopGuard callers' threads. On a thread that runs an event loop (the engine's), the
+call only queues the event (with the caller's OpenTelemetry context, for a run span)
+and returns: one worker thread per observer (``treellm-telemetry``, started on
+demand, gone after a second idle) does the content capture (truncation and
+redaction, :mod:`treellm.telemetry.redaction`) and all the span work, in event
+order, so a big result is never redacted on the loop. ``run:complete`` waits (up to
+``flush_timeout_s``) until the worker has ended the run's spans, so a run's spans are
+exported when ``run()``/``arun()`` returns, as they were when all of this ran inline;
+:meth:`TelemetryObserver.flush` waits the same way. Elsewhere (a LoopGuard called
+from plain threads) events are handled inline, unless the worker still holds earlier
+ones (order first). What ends up in spans is the same either way. A failure inside
+the observer is a telemetry failure: logged, counted in ``failures``, never raised
+into the agent.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
@@ -53,7 +66,7 @@ from treellm.engine.events import (
 from treellm.engine.nodes import PrunedCall
 from treellm.signature import RawArguments
 from treellm.telemetry import semconv as sc
-from treellm.telemetry.redaction import Capture, CaptureMode, resolve_capture
+from treellm.telemetry.redaction import Capture, CaptureMode, error_type, resolve_capture
 
 __all__ = ["TelemetryObserver"]
 
@@ -97,8 +110,77 @@ def loop_attributes(c: PrunedCall, earlier_span_ids: Sequence[str], capture: Cap
     return attrs
 
 
+def _on_event_loop() -> bool:
+    """True on a thread that is running an asyncio event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+class _Worker:
+    """One daemon thread that runs submitted jobs in order.
+
+    ``submit`` never blocks (it starts the thread when none is alive); the thread exits
+    after ``IDLE_S`` without work. ``wait`` blocks the caller until a job is done. Jobs
+    must not raise (the observer's job catches and counts its own failures).
+    """
+
+    IDLE_S = 1.0
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._jobs: deque[Callable[[], None]] = deque()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._submitted = 0
+        self._done = 0
+
+    def busy(self) -> bool:
+        with self._cond:
+            return self._done < self._submitted
+
+    def submit(self, job: Callable[[], None]) -> int:
+        """Queue ``job``; returns its ticket for :meth:`wait`."""
+        with self._cond:
+            if self._thread is None:
+                thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                thread.start()
+                self._thread = thread
+            self._jobs.append(job)
+            self._submitted += 1
+            self._cond.notify_all()
+            return self._submitted
+
+    def wait(self, ticket: int | None, timeout_s: float) -> bool:
+        """Block until job ``ticket`` (default: the last submitted) and all before it are done; False on timeout."""
+        if threading.current_thread() is self._thread:
+            return False  # a job waiting for itself would never return
+        with self._cond:
+            target = self._submitted if ticket is None else ticket
+            return self._cond.wait_for(lambda: self._done >= target, timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._jobs and not self._cond.wait_for(lambda: bool(self._jobs), self.IDLE_S):
+                    self._thread = None
+                    return
+                job = self._jobs.popleft()
+            try:
+                job()
+            finally:
+                with self._cond:
+                    self._done += 1
+                    self._cond.notify_all()
+
+
 class TelemetryObserver:
     """Turns events into spans, span events and metrics (see the module docstring)."""
+
+    flush_timeout_s: float = 30.0
+    """How long ``run:complete`` waits for the worker to end the run's spans."""
 
     def __init__(
         self,
@@ -121,22 +203,41 @@ class TelemetryObserver:
         )
         self._runs: dict[str, _RunSpans] = {}
         self._lock = threading.Lock()
+        self._worker = _Worker("treellm-telemetry")
         self.failures = 0
 
     def __call__(self, event: Event) -> None:
+        """Handle ``event`` inline, or queue it for the worker on an event loop (see the module docstring)."""
+        try:
+            parent = otel_context.get_current() if isinstance(event.payload, RunStart) else None
+            if not (_on_event_loop() or self._worker.busy()):
+                self._process(event, parent)
+                return
+            ticket = self._worker.submit(lambda: self._process(event, parent))
+            if isinstance(event.payload, RunComplete) and not self._worker.wait(ticket, self.flush_timeout_s):
+                logger.warning("telemetry for run %s still pending after %.0f s", event.run_id, self.flush_timeout_s)
+        except Exception:  # a telemetry failure must never stop the agent
+            self.failures += 1
+            logger.exception("telemetry observer failed on %s (run %s)", event.type, event.run_id)
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until every event handed over so far is in its spans; False on timeout."""
+        return self._worker.wait(None, self.flush_timeout_s if timeout_s is None else timeout_s)
+
+    def _process(self, event: Event, parent: otel_context.Context | None) -> None:
         try:
             with self._lock:
-                self._handle(event)
+                self._handle(event, parent)
         except Exception:  # a telemetry failure must never stop the agent
             self.failures += 1
             logger.exception("telemetry observer failed on %s (run %s)", event.type, event.run_id)
 
     # -- dispatch ----------------------------------------------------------------------------
 
-    def _handle(self, event: Event) -> None:
+    def _handle(self, event: Event, parent: otel_context.Context | None = None) -> None:
         p = event.payload
         if isinstance(p, RunStart):
-            self._run_start(event, p)
+            self._run_start(event, p, parent)
             return
         run = self._runs.get(event.run_id)
         if run is None:
@@ -151,7 +252,9 @@ class TelemetryObserver:
             self._tool_end(run, event, p)
         elif isinstance(p, ToolRetry):
             self._node_event(run, event, sc.EVENT_TOOL_RETRY, {
-                sc.RETRY_ATTEMPT: p.attempt, sc.RETRY_ERROR: p.error, sc.RETRY_DELAY_S: p.delay_s,
+                sc.RETRY_ATTEMPT: p.attempt,
+                sc.RETRY_ERROR: self.capture.message(p.error, default=error_type(p.error)),
+                sc.RETRY_DELAY_S: p.delay_s,
             })  # fmt: skip
         elif isinstance(p, LoopDetected):
             self._loop_detected(run, event, p)
@@ -236,7 +339,7 @@ class TelemetryObserver:
 
     # -- runs ---------------------------------------------------------------------------------------
 
-    def _run_start(self, event: Event, p: RunStart) -> None:
+    def _run_start(self, event: Event, p: RunStart, parent: otel_context.Context | None) -> None:
         c = p.config
         attrs: Attributes = {
             sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT,
@@ -261,6 +364,7 @@ class TelemetryObserver:
                 attrs[sc.RUN_TASK] = task
         root = self._tracer.start_span(
             f"{sc.OP_INVOKE_AGENT} {p.agent}",
+            context=parent,
             kind=SpanKind.INTERNAL,
             attributes=attrs,
             start_time=event.time_ns,
@@ -268,9 +372,10 @@ class TelemetryObserver:
         self._runs[event.run_id] = _RunSpans(root, event.run_id)
 
     def _run_complete(self, run: _RunSpans, event: Event, p: RunComplete) -> None:
+        error = self.capture.message(p.error, default=error_type(p.error)) if p.error is not None else None
         for leftover in [*run.nodes.values(), *run.skills.values()]:
             if leftover.is_recording():
-                leftover.set_status(Status(StatusCode.ERROR, p.error or "the run ended before this node"))
+                leftover.set_status(Status(StatusCode.ERROR, error or "the run ended before this node"))
                 leftover.end(end_time=event.time_ns)
         s = p.stats
         run.root.set_attributes({
@@ -282,8 +387,8 @@ class TelemetryObserver:
         if answer is not None:
             run.root.set_attribute(sc.RUN_ANSWER, answer)
         if p.error is not None:
-            run.root.set_status(Status(StatusCode.ERROR, p.error))
-            run.root.set_attribute(sc.ERROR_TYPE, p.error.split(":", 1)[0])
+            run.root.set_status(Status(StatusCode.ERROR, error))
+            run.root.set_attribute(sc.ERROR_TYPE, error_type(p.error))
         run.root.end(end_time=event.time_ns)
         del self._runs[run.run_id]
 
@@ -315,7 +420,7 @@ class TelemetryObserver:
             attrs[sc.THINK_TEXT] = text
         span.set_attributes(attrs)
         if p.error is not None:
-            span.set_status(Status(StatusCode.ERROR, p.error))
+            span.set_status(Status(StatusCode.ERROR, self.capture.message(p.error, default="model error")))
             span.set_attribute(sc.ERROR_TYPE, "model_error")
         self._end(run, event.node_id, event)
 
@@ -352,7 +457,7 @@ class TelemetryObserver:
                 attrs[sc.GEN_AI_TOOL_CALL_RESULT] = result
             span.set_attributes(attrs)
             if isinstance(p, ToolError):
-                span.set_status(Status(StatusCode.ERROR, self.capture.text(p.error) or "tool error"))
+                span.set_status(Status(StatusCode.ERROR, self.capture.message(p.error, default="tool error")))
                 span.set_attribute(sc.ERROR_TYPE, p.error_type)
             self._end(run, event.node_id, event)
         self.count_call(p, failed=failed)

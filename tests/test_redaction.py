@@ -1,0 +1,417 @@
+"""Content capture: no planted secret reaches a span, and ``capture="none"`` records no content.
+
+The corpus (tests/data/secrets_corpus.json, synthetic values) is planted in a real
+TreeExecutor run on a ScriptedModel, through the real OpenTelemetry SDK into memory:
+in arguments (flat, nested, camelCase and compound keys, JSON inside strings, malformed
+raw text), results (free text, JSON, straddling the truncation cut, 200 KB long), tool
+exceptions (retried, so ``tool:retry`` events carry them, then the status), the task,
+the model's text, the final answer and a model error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from treellm import LoopGuard, ModelRequest, ModelTurn, ScriptedModel, Tool, ToolCall, TreeConfig, TreeExecutor
+from treellm.errors import ModelError
+from treellm.telemetry import Capture, TelemetryObserver, redaction
+from treellm.telemetry import semconv as sc
+from treellm.telemetry.redaction import (
+    MARGIN,
+    MASK,
+    error_type,
+    is_secret_key,
+    key_parts,
+    redact_text,
+    redact_value,
+)
+
+CORPUS = json.loads((Path(__file__).parent / "data" / "secrets_corpus.json").read_text(encoding="utf-8"))
+ENTRIES: list[dict[str, Any]] = CORPUS["entries"]
+
+
+def expand(text: str) -> str:
+    return re.sub(r"<PAD:(.):(\d+)>", lambda m: m.group(1) * int(m.group(2)), text)
+
+
+def of_kind(*kinds: str) -> list[dict[str, Any]]:
+    return [e for e in ENTRIES if e["kind"] in kinds]
+
+
+def marker(entry: dict[str, Any]) -> str:
+    return f"MK{entry['id']}note"
+
+
+def forbidden(entry: dict[str, Any]) -> list[str]:
+    """The texts of an entry that must never appear: the secret and the pieces of a split one."""
+    return [entry["secret"], *entry.get("fragments", [])]
+
+
+class Pipeline:
+    """A real SDK pipeline into memory."""
+
+    def __init__(self) -> None:
+        self.exporter = InMemorySpanExporter()
+        self.tracer_provider = TracerProvider()
+        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+
+    @property
+    def spans(self) -> list[ReadableSpan]:
+        return list(self.exporter.get_finished_spans())
+
+
+@pytest.fixture
+def pipeline(monkeypatch: pytest.MonkeyPatch) -> Iterator[Pipeline]:
+    monkeypatch.delenv("TREELLM_CAPTURE", raising=False)
+    monkeypatch.delenv("TREELLM_CAPTURE_MAX_LENGTH", raising=False)
+    monkeypatch.setattr(redaction, "_default", None)  # no configure() from another test
+    p = Pipeline()
+    yield p
+    p.tracer_provider.shutdown()
+    p.meter_provider.shutdown()
+
+
+async def no_sleep(_: float) -> None:
+    return None
+
+
+def planted_responder(request: ModelRequest) -> ModelTurn:
+    if request.purpose == "collapse":
+        return ModelTurn(text="dense summary")
+    args = of_kind("arguments")
+    if request.depth == 0:
+        calls = [ToolCall("probe", {"id": e["id"], **e["arguments"]}) for e in args]
+        calls += [ToolCall("probe", e["text"]) for e in of_kind("raw_arguments")]
+        calls += [ToolCall("fetch", {"id": e["id"]}) for e in of_kind("result")]
+        calls += [ToolCall("explode", {"id": e["id"]}) for e in of_kind("tool_error")]
+        return ModelTurn(text="\n".join(e["text"] for e in of_kind("think")), tool_calls=calls)
+    if request.depth == 1:  # the same calls again: caught, so loop:detected events carry their arguments
+        calls = [ToolCall("probe", {"id": e["id"], **e["arguments"]}) for e in args]
+        return ModelTurn(tool_calls=[*calls, ToolCall("fetch", {"id": "none"})])
+    answer = "\n".join(e["text"] for e in of_kind("answer"))
+    return ModelTurn(tool_calls=[ToolCall("task_complete", {"result": answer})])
+
+
+def model_error_responder(request: ModelRequest) -> ModelTurn:
+    raise ModelError("\n".join(e["text"] for e in of_kind("model_error")))  # data: the ThinkNode's status
+
+
+def crashing_responder(request: ModelRequest) -> ModelTurn:
+    raise RuntimeError("\n".join(e["text"] for e in of_kind("model_error")))  # propagates: the run's status
+
+
+def planted_tools() -> list[Tool]:
+    texts = {e["id"]: expand(e["text"]) for e in ENTRIES if "text" in e}
+
+    async def probe(args: dict[str, Any]) -> str:
+        return f"probed {args.get('id')}"
+
+    async def fetch(args: dict[str, Any]) -> str:
+        return texts.get(str(args["id"]), "nothing")
+
+    async def explode(args: dict[str, Any]) -> str:
+        raise RuntimeError(texts[str(args["id"])])
+
+    return [Tool("probe", "p", handler=probe), Tool("fetch", "f", handler=fetch), Tool("explode", "e", handler=explode)]
+
+
+def planted_runs(pipeline: Pipeline, capture: Capture | None) -> list[ReadableSpan]:
+    """The corpus run, then a run whose model fails and one whose model crashes.
+
+    With the executor's own telemetry (the default capture) when ``capture`` is None.
+    """
+    config = TreeConfig(node_budget=10_000, collapse_threshold=10**9)
+    task = "\n".join(e["text"] for e in of_kind("task"))
+    for responder in (planted_responder, model_error_responder, crashing_responder):
+        model = ScriptedModel(responder)
+        if capture is None:  # the default: what TreeExecutor attaches by itself
+            ex = TreeExecutor(
+                model,
+                planted_tools(),
+                config,
+                tracer_provider=pipeline.tracer_provider,
+                meter_provider=pipeline.meter_provider,
+                sleep=no_sleep,
+            )
+        else:
+            observer = TelemetryObserver(pipeline.tracer_provider, pipeline.meter_provider, capture=capture)
+            ex = TreeExecutor(model, planted_tools(), config, telemetry=False, observers=[observer], sleep=no_sleep)
+        if responder is crashing_responder:
+            with pytest.raises(RuntimeError, match="MKme01note"):
+                ex.run(task)
+        else:
+            ex.run(task)
+    return pipeline.spans
+
+
+def strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from strings(item)
+
+
+def recorded_texts(spans: list[ReadableSpan]) -> list[tuple[str, str]]:
+    """Every string a span carries, with where it is: name, attributes, events, links, status."""
+    out: list[tuple[str, str]] = []
+    for span in spans:
+        out.append((f"{span.name}: name", span.name))
+        for key, value in (span.attributes or {}).items():
+            out += [(f"{span.name}: {key}", s) for s in strings(value)]
+        for event in span.events:
+            out.append((f"{span.name}: event name", event.name))
+            for key, value in (event.attributes or {}).items():
+                out += [(f"{span.name}: {event.name}.{key}", s) for s in strings(value)]
+        for link in span.links:
+            for key, value in (link.attributes or {}).items():
+                out += [(f"{span.name}: link.{key}", s) for s in strings(value)]
+        if span.status.description:
+            out.append((f"{span.name}: status", span.status.description))
+    return out
+
+
+def leaks(texts: list[tuple[str, str]], needles: dict[str, list[str]]) -> list[str]:
+    return [
+        f"{entry_id} in {where}"
+        for entry_id, pieces in needles.items()
+        for where, text in texts
+        if any(piece in text for piece in pieces)
+    ]
+
+
+def test_the_corpus_is_big_and_covers_every_place() -> None:
+    assert len(ENTRIES) >= 100
+    assert len({e["id"] for e in ENTRIES}) == len(ENTRIES) and len({e["secret"] for e in ENTRIES}) == len(ENTRIES)
+    kinds = {e["kind"] for e in ENTRIES}
+    assert kinds == {"arguments", "raw_arguments", "result", "tool_error", "task", "think", "answer", "model_error"}
+    labels = " ".join(e["label"] for e in ENTRIES)
+    for place in ("camelCase", "compound", "double-encoded", "PEM", "URL", "Bearer", "Basic", "mysql", "Stripe"):
+        assert place in labels, place
+    assert any("AccountKey" in e.get("text", "") for e in ENTRIES) and any("hf_" in e["secret"] for e in ENTRIES)
+    assert sum(1 for e in ENTRIES if e.get("fragments")) >= 6  # split across lines
+
+
+def test_no_planted_secret_reaches_a_span_with_the_default_capture(pipeline: Pipeline) -> None:
+    spans = planted_runs(pipeline, None)
+    texts = recorded_texts(spans)
+    assert leaks(texts, {e["id"]: forbidden(e) for e in ENTRIES}) == []
+
+    # the run went everywhere the corpus says
+    events = [e for s in spans for e in s.events]
+    assert sum(1 for e in events if e.name == sc.EVENT_TOOL_RETRY) == 2 * len(of_kind("tool_error"))
+    assert sum(1 for e in events if e.name == sc.EVENT_LOOP_DETECTED) == len(of_kind("arguments"))
+    failed_tools = [s for s in spans if s.name == "execute_tool explode" and s.status.description]
+    assert len(failed_tools) == len(of_kind("tool_error"))
+    model_error = marker(of_kind("model_error")[0])
+    model_errors = [s for s in spans if s.status.description and model_error in s.status.description]
+    assert {s.name for s in model_errors} == {"chat scripted", "invoke_agent agent"}
+    # ... and redaction masks, it does not drop: the content around every secret is still there
+    everything = "\n".join(text for _, text in texts)
+    assert [e["id"] for e in ENTRIES if marker(e) not in everything] == []
+    assert MASK in everything
+
+
+def test_capture_none_records_no_content_at_all(pipeline: Pipeline) -> None:
+    spans = planted_runs(pipeline, Capture("none"))
+    texts = recorded_texts(spans)
+    needles = {e["id"]: [*forbidden(e), marker(e)] for e in ENTRIES}
+    assert leaks(texts, needles) == []
+    everything = "\n".join(text for _, text in texts)
+    for content in ("probed", "explode failed", "dense summary", "provider said"):
+        assert content not in everything
+    retries = [dict(e.attributes or {}) for s in spans for e in s.events if e.name == sc.EVENT_TOOL_RETRY]
+    assert retries and {r[sc.RETRY_ERROR] for r in retries} == {"RuntimeError"}  # the exception type only
+    statuses = {s.status.description for s in spans if s.status.description}
+    assert statuses == {"tool error", "model error", "RuntimeError"}
+    tool = next(s for s in spans if s.name == "execute_tool fetch")
+    assert sc.TOOL_RESULT_HASH in (tool.attributes or {}) and sc.TOOL_SIGNATURE in (tool.attributes or {})
+
+
+# -- keys ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "parts"),
+    [
+        ("openaiApiKey", ("openai", "api", "key")),
+        ("userPassword", ("user", "password")),
+        ("db_pass", ("db", "pass")),
+        ("DB_PASSWORD", ("db", "password")),
+        ("HTTPAuthHeader", ("http", "auth", "header")),
+        ("X-Auth-Token", ("x", "auth", "token")),
+        ("smtp.password", ("smtp", "password")),
+        ("aws2SecretKey", ("aws", "2", "secret", "key")),
+    ],
+)
+def test_keys_split_on_case_changes_and_separators(key: str, parts: tuple[str, ...]) -> None:
+    assert key_parts(key) == parts
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "password", "passwd", "pwd", "db_pass", "userPassword", "PGPASSWORD", "openaiApiKey", "api_key",
+        "x-api-key", "apikey", "accessKey", "secretKey", "private_key", "accountKey", "AccountKey", "token",
+        "csrftoken", "refreshToken", "auth", "Authorization", "credentials", "cookie", "Set-Cookie",
+        "sessionId", "bearer", "client_secret", "signing-secret",
+    ],
+)  # fmt: skip
+def test_secret_looking_keys(key: str) -> None:
+    assert is_secret_key(key)
+
+
+@pytest.mark.parametrize(
+    "key", ["key", "keys", "max_tokens", "input_tokens", "author", "keyboard", "primary_key", "monkey", "name", "id"]
+)
+def test_ordinary_keys(key: str) -> None:
+    assert not is_secret_key(key)
+
+
+def test_values_under_secret_keys_are_masked_at_any_depth_and_inside_json_strings() -> None:
+    value = {
+        "q": "status",
+        "openaiApiKey": "k1-value",
+        "nested": [{"config": {"db_pass": "p4ss-word"}}],
+        "payload": json.dumps({"user": "u", "password": "pw-in-json"}),
+        "twice": json.dumps(json.dumps({"accessToken": "tok-twice"})),
+        "argv": ["pg_dump", "--password", "argv-pw", "main"],
+    }
+    out = redact_value(value)
+    text = json.dumps(out)
+    for secret in ("k1-value", "p4ss-word", "pw-in-json", "tok-twice", "argv-pw"):
+        assert secret not in text
+    assert out["q"] == "status" and out["openaiApiKey"] == MASK
+    assert out["argv"] == ["pg_dump", "--password", MASK, "main"]
+    assert json.loads(out["payload"]) == {"user": "u", "password": MASK}
+
+
+# -- free text -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("Authorization: Bearer abcDEF123ghiJKL456", "abcDEF123ghiJKL456"),
+        ("sent Authorization: Basic dXNlcjpwYXNzd29yZA== upstream", "dXNlcjpwYXNzd29yZA=="),
+        ("clone https://deploy:s3cr3t-Pw@git.example.com/r.git", "s3cr3t-Pw"),
+        ("redis://:only-pw-123@cache:6379/0", "only-pw-123"),
+        ("mysql -h db -u root -pTopS3cret main", "TopS3cret"),
+        ("sshpass -p 'Pw 1 2' ssh host", "Pw 1 2"),
+        ("curl -u admin:Adm1nPw https://ci", "Adm1nPw"),
+        ("pg_restore --password Hunter2x dump", "Hunter2x"),
+        ("key sk_live_4eC39HqLyjWDarjtT1zdp7dc in use", "sk_live_4eC39HqLyjWDarjtT1zdp7dc"),
+        ("conn AccountName=a;AccountKey=Zm9vYmFy+/Zm9vYmFyZm9v==;Suffix=x", "Zm9vYmFy+/Zm9vYmFyZm9v=="),
+        ("login hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789", "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"),
+        ("-----BEGIN PRIVATE KEY-----\nMIIEv0123\nQWxhZGRp\n-----END PRIVATE KEY-----", "QWxhZGRp"),
+        ("-----BEGIN RSA PRIVATE KEY-----\nMIIEv0123\nno end line: cut", "no end line"),
+        ('body {"login": "x", "userPassword": "pw-9876"}', "pw-9876"),
+        ('log {\\"db_pass\\": \\"esc-pw-1\\"}', "esc-pw-1"),
+        ("GET /login?user=bob&password=Qs-pw-77&next=/", "Qs-pw-77"),
+        ("Cookie: sessionid=c00kieValue1; theme=dark", "c00kieValue1"),
+        ("the db password is Hunter2-x9", "Hunter2-x9"),
+        ("token: ghp_aaaaBBBBccccDDDD1234\nEEEEffff5678\n(end)", "EEEEffff5678"),
+        ("export API_TOKEN=abcDEF123\\\nghiJKL456", "ghiJKL456"),
+    ],
+)
+def test_free_text_patterns_mask_the_secret(text: str, secret: str) -> None:
+    assert secret not in redact_text(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "the basic functionality works; the bearer of the token limit is the session manager",
+        "commit 356a192b7913b04c54574d18c28d46e6395428ab Merge branch 'main'",
+        "request id 5d3f1a2b-9c8e-4f6a-b1d2-3e4f5a6b7c8d took 12 ms",
+        '{"max_tokens": 512, "key": "row-1", "model": "gpt-4o-mini"}',
+        "see https://github.com/org/repo/blob/main/README.md",
+        "ssh git@github.com:org/repo.git",
+    ],
+)
+def test_ordinary_text_is_left_alone(text: str) -> None:
+    assert redact_text(text) == text
+
+
+def test_a_secret_straddling_the_cut_is_masked_not_half_shown() -> None:
+    capture = Capture("redacted", max_length=50)
+    key = "sk_live_" + "Ab1" * 10
+    for tail in ("", " " + "z" * (2 * MARGIN)):  # a short text (redacted whole) and a long one (windowed)
+        out = capture.text("x" * 45 + " " + key + tail)
+        assert out is not None and out.startswith("x" * 45)
+        assert "sk_li" not in out and "Ab1Ab1" not in out and "truncated" in out
+    pem = "-----BEGIN PRIVATE KEY-----\n" + "QUJD" * 2000 + "\n-----END PRIVATE KEY-----"
+    out = capture.text("y" * 40 + pem + "tail" * 5000)
+    assert out is not None and "QUJD" not in out and "BEGIN" not in out
+
+
+def test_a_huge_argument_string_is_scanned_on_a_window_and_cut() -> None:
+    capture = Capture("redacted", max_length=100)
+    blob = "note " + "n" * 90 + " key=sk_live_" + "Zz9" * 10 + " " + "q" * 10 * MARGIN
+    out = capture.arguments({"blob": blob})
+    assert out is not None and "sk_live" not in out and "Zz9Zz9" not in out and len(out) < 200
+
+
+def test_error_types_never_carry_content() -> None:
+    assert error_type("RuntimeError: the password is hunter2") == "RuntimeError"
+    assert error_type("requests.exceptions.HTTPError: 401") == "requests.exceptions.HTTPError"
+    assert error_type("a message with no type: sk_live_x") == "error"
+    assert error_type("no colon at all") == "error"
+    none = Capture("none")
+    assert none.message("RuntimeError: hunter2", default="RuntimeError") == "RuntimeError"
+    assert Capture().message("RuntimeError: password=hunter2x", default="x") == "RuntimeError: password=[REDACTED]"
+
+
+# -- off the event loop ------------------------------------------------------------------------------
+
+
+def test_a_5_mb_result_is_redacted_on_the_telemetry_worker_not_the_event_loop(pipeline: Pipeline) -> None:
+    big = "r" * 5_000_000 + " token=ghp_" + "Q1" * 20
+    seen: list[tuple[int, str]] = []  # (length of the text captured, thread name)
+    loop_threads: list[int] = []
+
+    class Recording(Capture):
+        def text(self, text: str | None) -> str | None:
+            if text is not None and len(text) >= len(big):
+                seen.append((threading.get_ident(), threading.current_thread().name))
+            return super().text(text)
+
+    async def huge(_: dict[str, Any]) -> str:
+        loop_threads.append(threading.get_ident())  # an async handler runs on the event loop's thread
+        return big
+
+    observer = TelemetryObserver(pipeline.tracer_provider, pipeline.meter_provider, capture=Recording())
+    model = ScriptedModel([ModelTurn(tool_calls=[ToolCall("huge", {})]), ModelTurn(text="done")])
+    config = TreeConfig(collapse_threshold=10**9)
+    TreeExecutor(model, [Tool("huge", "h", handler=huge)], config, telemetry=False, observers=[observer]).run("t")
+
+    assert loop_threads and seen
+    assert all(ident not in loop_threads for ident, _ in seen)
+    assert {name for _, name in seen} == {"treellm-telemetry"}
+    tool = next(s for s in pipeline.spans if s.name == "execute_tool huge")  # ended by the time run() returned
+    result = str((tool.attributes or {})[sc.GEN_AI_TOOL_CALL_RESULT])
+    assert result.startswith("r" * 100) and "truncated" in result and len(result) < 2000
+    assert observer.failures == 0
+
+
+def test_outside_an_event_loop_events_are_handled_inline(pipeline: Pipeline) -> None:
+    guard = LoopGuard(tracer_provider=pipeline.tracer_provider, meter_provider=pipeline.meter_provider, name="lg")
+    guard.record("search", {"q": "x", "api_key": "sk-" + "A1b2" * 6}, "found ghp_" + "Z9" * 12)
+    tool = next(s for s in pipeline.spans if s.name == "execute_tool search")  # already ended: no flush needed
+    a = dict(tool.attributes or {})
+    assert '"api_key":"[REDACTED]"' in str(a[sc.GEN_AI_TOOL_CALL_ARGUMENTS])
+    assert str(a[sc.GEN_AI_TOOL_CALL_RESULT]) == "found [REDACTED]"
+    guard.end()

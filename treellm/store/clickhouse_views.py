@@ -1,0 +1,251 @@
+"""treellm's views in ClickHouse SQL over the Collector exporter's ``otel_traces`` table.
+
+The views are the contract: ``spans`` (the promoted-column shape of the DuckDB ``spans``
+table), ``nodes``, ``tool_calls``, ``loop_events`` and ``runs`` have the columns of the
+DuckDB views (``schema.py``, migrations 0004 and 0006), derived inside ClickHouse from
+the exporter's columns (``SpanAttributes`` Map, ``Events`` Nested arrays): nothing is
+pulled into Python. Pure: :func:`view_statements` returns SQL text.
+
+Hard rules: a Map lookup of a missing key gives ``''`` in ClickHouse, so every optional
+attribute is read through ``mapContains`` (NULL when absent, as in DuckDB); ``runs``
+aggregates with ``join_use_nulls = 1`` so that unmatched LEFT JOIN rows read NULL.
+
+Not covered: the columns treellm derives in Python at ingest for *foreign* spans (spans
+of other frameworks without ``treellm.*`` attributes: run ids, node trees, signatures,
+ordinals with the state-change rule, ``convention``, ``internal``). Over ClickHouse
+those columns are NULL, so foreign spans appear in ``spans`` but not in ``runs`` or the
+repeat analysis. treellm's own spans carry them as attributes and work fully.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from treellm.store.transform import PROMOTED_KEYS
+
+__all__ = ["DEFAULT_TABLE", "OTEL_TRACES_DDL", "VIEW_NAMES", "view_statements"]
+
+DEFAULT_TABLE: Final = "otel_traces"
+VIEW_NAMES: Final = ("spans", "nodes", "tool_calls", "loop_events", "runs")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?")
+
+# The table the OpenTelemetry Collector (contrib) ClickHouse exporter creates with its defaults
+# (create_schema: true, Map attribute columns): exporter/clickhouseexporter/internal/sqltemplates/
+# traces_table.sql at commit f92a5763be13aeb59ecf6f8b47e31d54109191bb (the template of releases
+# v0.12x-v0.13x), rendered with database "default", engine MergeTree(), no TTL, no cluster. Newer
+# templates (PR #50878) keep the same columns and add text indexes: the views read either.
+OTEL_TRACES_DDL: Final = """
+CREATE TABLE IF NOT EXISTS {table} (
+    Timestamp DateTime64(9) CODEC(Delta, ZSTD(1)),
+    TraceId String CODEC(ZSTD(1)),
+    SpanId String CODEC(ZSTD(1)),
+    ParentSpanId String CODEC(ZSTD(1)),
+    TraceState String CODEC(ZSTD(1)),
+    SpanName LowCardinality(String) CODEC(ZSTD(1)),
+    SpanKind LowCardinality(String) CODEC(ZSTD(1)),
+    ServiceName LowCardinality(String) CODEC(ZSTD(1)),
+    ResourceAttributes Map(LowCardinality(String), String) CODEC(ZSTD(1)),
+    ScopeName String CODEC(ZSTD(1)),
+    ScopeVersion String CODEC(ZSTD(1)),
+    SpanAttributes Map(LowCardinality(String), String) CODEC(ZSTD(1)),
+    Duration UInt64 CODEC(ZSTD(1)),
+    StatusCode LowCardinality(String) CODEC(ZSTD(1)),
+    StatusMessage String CODEC(ZSTD(1)),
+    Events Nested (
+                      Timestamp DateTime64(9),
+    Name LowCardinality(String),
+    Attributes Map(LowCardinality(String), String)
+    ) CODEC(ZSTD(1)),
+    Links Nested (
+                     TraceId String,
+                     SpanId String,
+                     TraceState String,
+                     Attributes Map(LowCardinality(String), String)
+    ) CODEC(ZSTD(1)),
+    INDEX idx_trace_id TraceId TYPE bloom_filter(0.001) GRANULARITY 1,
+    INDEX idx_res_attr_key mapKeys(ResourceAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_res_attr_value mapValues(ResourceAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_span_attr_key mapKeys(SpanAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_span_attr_value mapValues(SpanAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_duration Duration TYPE minmax GRANULARITY 1
+    ) ENGINE = MergeTree()
+    PARTITION BY toDate(Timestamp)
+    ORDER BY (ServiceName, SpanName, toDateTime(Timestamp))
+    SETTINGS index_granularity=8192, ttl_only_drop_parts = 1
+"""
+
+
+def _a(key: str, m: str = "SpanAttributes") -> str:
+    """The attribute, NULL when absent."""
+    return f"if(mapContains({m}, '{key}'), {m}['{key}'], NULL)"
+
+
+def _co(*keys: str) -> str:
+    return "coalesce(" + ", ".join(_a(k) for k in keys) + ")"
+
+
+def _boolean(expr: str) -> str:
+    """DuckDB's ``TRY_CAST(x AS BOOLEAN)`` for the spellings OTLP attributes use."""
+    return f"multiIf(lower({expr}) IN ('true', 't', '1'), true, lower({expr}) IN ('false', 'f', '0'), false, NULL)"
+
+
+def _spans(table: str) -> str:
+    promoted = "[" + ", ".join(f"'{k}'" for k in PROMOTED_KEYS) + "]"
+    return f"""
+CREATE OR REPLACE VIEW spans AS
+SELECT
+    TraceId AS trace_id, SpanId AS span_id, nullIf(ParentSpanId, '') AS parent_span_id,
+    toString(SpanName) AS name,
+    toInt8(multiIf(SpanKind IN ('Internal', 'SPAN_KIND_INTERNAL'), 1, SpanKind IN ('Server', 'SPAN_KIND_SERVER'), 2,
+                   SpanKind IN ('Client', 'SPAN_KIND_CLIENT'), 3, SpanKind IN ('Producer', 'SPAN_KIND_PRODUCER'), 4,
+                   SpanKind IN ('Consumer', 'SPAN_KIND_CONSUMER'), 5, 0)) AS kind,
+    toInt64(toUnixTimestamp64Nano(Timestamp)) AS start_ns,
+    start_ns + toInt64(Duration) AS end_ns,
+    toInt8(multiIf(StatusCode IN ('Error', 'STATUS_CODE_ERROR'), 2,
+                   StatusCode IN ('Ok', 'STATUS_CODE_OK'), 1, 0)) AS status_code,
+    nullIf(StatusMessage, '') AS status_message,
+    if(ServiceName = '', 'unknown_service', toString(ServiceName)) AS service_name,
+    toDate(Timestamp) AS day, 'clickhouse' AS source,
+    {_a("gen_ai.operation.name")} AS operation,
+    {_co("gen_ai.agent.name", "agent.name")} AS agent_name,
+    {_co("gen_ai.request.model", "gen_ai.response.model", "llm.model_name")} AS model,
+    {_a("treellm.run.id")} AS run_id,
+    {_a("treellm.node.id")} AS node_id,
+    {_a("treellm.node.kind")} AS node_kind,
+    toInt32OrNull({_a("treellm.node.depth")}) AS node_depth,
+    nullIf({_a("treellm.node.parent_id")}, '') AS node_parent_id,
+    {_a("treellm.node.status")} AS node_status,
+    {_a("treellm.skill.name")} AS skill_name,
+    {_a("treellm.node.skill_stack")} AS skill_stack,
+    coalesce({_a("gen_ai.tool.name")},
+             if(operation = 'execute_tool' AND startsWith(name, 'execute_tool '), substring(name, 14), NULL))
+        AS tool_name,
+    {_a("gen_ai.tool.call.id")} AS tool_call_id,
+    {_a("treellm.tool.signature")} AS signature,
+    toInt32OrNull({_a("treellm.tool.ordinal")}) AS ordinal,
+    toInt32OrNull({_a("treellm.tool.limit")}) AS limit_n,
+    {_a("treellm.tool.limit_source")} AS limit_source,
+    {_a("treellm.tool.result_hash")} AS result_hash,
+    toInt32OrNull({_a("treellm.tool.attempts")}) AS attempts,
+    {_boolean(_a("treellm.tool.shadow_caught"))} AS shadow_caught,
+    {_a("gen_ai.tool.call.arguments")} AS arguments,
+    {_a("gen_ai.tool.call.result")} AS result,
+    toInt64OrNull({_co("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt")})
+        AS input_tokens,
+    toInt64OrNull({_co("gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens", "llm.token_count.completion")})
+        AS output_tokens,
+    {_a("treellm.run.outcome")} AS outcome,
+    {_a("treellm.ingest.orphan_parent")} AS orphan_parent,
+    if(mapContains(SpanAttributes, 'treellm.run.id'),
+       mapFilter((k, v) -> NOT has({promoted}, k), SpanAttributes), SpanAttributes) AS attributes,
+    ResourceAttributes AS resource_attributes, ScopeName AS scope_name, ScopeVersion AS scope_version,
+    {_a("treellm.tool.earlier_node_ids")} AS earlier_node_ids,
+    CAST(NULL AS Nullable(String)) AS convention,
+    CAST(NULL AS Nullable(Bool)) AS internal,
+    CAST(NULL AS Nullable(String)) AS anchor_node_id,
+    Events.Name AS event_names, Events.Timestamp AS event_times, Events.Attributes AS event_attributes
+FROM {table}
+"""
+
+
+_NODES = """
+CREATE OR REPLACE VIEW nodes AS
+SELECT
+    s.run_id, s.trace_id, s.span_id, s.parent_span_id,
+    coalesce(s.node_id, s.span_id) AS node_id,
+    coalesce(s.node_kind, multiIf(s.operation = 'execute_tool', 'tool', s.operation = 'chat', 'think', NULL)) AS kind,
+    s.node_depth AS depth, s.node_parent_id AS parent_id,
+    coalesce(s.node_status, if(s.status_code = 2, 'failed', 'completed')) AS status,
+    s.tool_name AS tool, s.signature, s.ordinal, s.limit_n AS `limit`, s.limit_source, s.result_hash,
+    s.attempts, s.shadow_caught, s.skill_stack, s.start_ns, s.end_ns,
+    s.service_name, s.agent_name, s.model, s.day, s.source
+FROM spans s
+WHERE s.node_kind IS NOT NULL OR s.operation IN ('execute_tool', 'chat')
+"""
+
+_TOOL_CALLS = """
+CREATE OR REPLACE VIEW tool_calls AS
+SELECT
+    s.run_id, s.trace_id, s.span_id, coalesce(s.node_id, s.span_id) AS node_id, s.node_parent_id AS parent_id,
+    s.node_depth AS depth, s.tool_name AS tool, s.tool_call_id AS call_id, s.signature, s.ordinal,
+    s.limit_n AS `limit`, s.limit_source, s.result_hash, s.attempts, coalesce(s.shadow_caught, false) AS shadow_caught,
+    if(s.status_code = 2 OR s.node_status = 'failed', 'failed', 'completed') AS status,
+    s.arguments, s.result, s.start_ns, s.end_ns, (s.end_ns - s.start_ns) AS duration_ns,
+    s.service_name, s.agent_name, s.model, s.skill_stack, s.day, s.source, s.earlier_node_ids,
+    coalesce(s.internal, false) AS internal, s.convention, s.orphan_parent IS NOT NULL AS orphan,
+    row_number() OVER (PARTITION BY s.run_id ORDER BY s.start_ns, s.span_id) AS path_position
+FROM spans s
+WHERE s.tool_name IS NOT NULL AND (s.operation = 'execute_tool' OR s.node_kind = 'tool')
+"""
+
+# The events are arrays on the span row (Nested): one pass, no join back to the span.
+_LOOP_EVENTS = """
+CREATE OR REPLACE VIEW loop_events AS
+SELECT
+    s.run_id, s.trace_id, s.span_id,
+    coalesce(if(mapContains(ea, 'treellm.node.id'), ea['treellm.node.id'], NULL), s.node_id,
+             if(s.node_kind IS NOT NULL, s.span_id, NULL), s.anchor_node_id) AS node_id,
+    toInt64(toUnixTimestamp64Nano(et)) AS time_ns,
+    if(mapContains(ea, 'treellm.loop.tool'), ea['treellm.loop.tool'], NULL) AS tool,
+    if(mapContains(ea, 'treellm.loop.signature'), ea['treellm.loop.signature'], NULL) AS signature,
+    if(mapContains(ea, 'treellm.loop.call_id'), ea['treellm.loop.call_id'], NULL) AS call_id,
+    toInt32OrNull(ea['treellm.loop.count']) AS count,
+    toInt32OrNull(ea['treellm.loop.limit']) AS `limit`,
+    if(mapContains(ea, 'treellm.loop.limit_source'), ea['treellm.loop.limit_source'], NULL) AS limit_source,
+    if(mapContains(ea, 'treellm.loop.action'), ea['treellm.loop.action'], NULL) AS action,
+    ea['treellm.loop.shadow'] = 'true' AS shadow,
+    if(mapContains(ea, 'treellm.loop.arguments'), ea['treellm.loop.arguments'], NULL) AS arguments,
+    if(mapContains(ea, 'treellm.loop.earlier_node_ids'), ea['treellm.loop.earlier_node_ids'], NULL)
+        AS earlier_node_ids_raw,
+    if(mapContains(ea, 'treellm.loop.earlier_span_ids'), ea['treellm.loop.earlier_span_ids'], NULL)
+        AS earlier_span_ids_raw,
+    s.service_name, s.agent_name, s.model, s.day, s.skill_stack
+FROM spans s
+ARRAY JOIN s.event_names AS en, s.event_times AS et, s.event_attributes AS ea
+WHERE en = 'loop:detected'
+"""
+
+_RUNS = """
+CREATE OR REPLACE VIEW runs AS
+WITH run_spans AS (
+    SELECT * FROM spans
+    WHERE run_id IS NOT NULL AND skill_name IS NULL
+      AND (span_id = splitByChar(':', assumeNotNull(run_id))[2]
+           OR (convention IS NULL AND operation = 'invoke_agent' AND node_id IS NULL))
+),
+node_counts AS (
+    SELECT run_id,
+        countIf(kind = 'think') AS think_nodes, countIf(kind = 'tool') AS tool_nodes,
+        countIf(kind = 'collapse') AS collapse_nodes, max(depth) AS max_depth,
+        any(model) AS node_model
+    FROM nodes GROUP BY run_id
+),
+prunes AS (
+    SELECT run_id, countIf(NOT shadow) AS pruned_calls, countIf(shadow) AS shadow_catches
+    FROM loop_events GROUP BY run_id
+)
+SELECT
+    r.run_id AS run_id, r.trace_id AS trace_id, r.span_id AS span_id, coalesce(r.agent_name, r.name) AS agent,
+    r.service_name AS service, coalesce(r.model, c.node_model) AS model,
+    r.start_ns, r.end_ns, (r.end_ns - r.start_ns) AS duration_ns, r.day,
+    coalesce(c.think_nodes, 0) AS think_nodes, coalesce(c.tool_nodes, 0) AS tool_nodes,
+    coalesce(c.collapse_nodes, 0) AS collapse_nodes,
+    coalesce(c.think_nodes, 0) + coalesce(c.tool_nodes, 0) + coalesce(c.collapse_nodes, 0) AS nodes,
+    coalesce(c.max_depth, 0) AS max_depth,
+    coalesce(p.pruned_calls, 0) AS pruned_calls, coalesce(p.shadow_catches, 0) AS shadow_catches,
+    coalesce(r.outcome, if(r.status_code = 2, 'failed', 'completed')) AS outcome,
+    coalesce(r.attributes['treellm.run.guard'] = 'true', false) AS guard,
+    r.source
+FROM run_spans r
+LEFT JOIN node_counts c USING (run_id)
+LEFT JOIN prunes p USING (run_id)
+SETTINGS join_use_nulls = 1
+"""
+
+
+def view_statements(table: str = DEFAULT_TABLE) -> list[str]:
+    """``CREATE OR REPLACE VIEW`` statements for treellm's views over ``table`` (``db.name`` allowed)."""
+    if not _IDENTIFIER.fullmatch(table):
+        raise ValueError(f"expected a table name such as otel_traces or otel.otel_traces, got {table!r}")
+    return [_spans(table), _NODES, _TOOL_CALLS, _LOOP_EVENTS, _RUNS]
