@@ -10,6 +10,7 @@ side in one run.
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -20,7 +21,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 WHEELHOUSE = ROOT / ".wheelhouse"
-TARGETS = ["treellm", "treellm[openai]", "treellm[store]", "treellm[collector]", "treellm[dashboard]", "treellm[all]"]
+TARGETS = [
+    "treellm",
+    "treellm[openai]",
+    "treellm[mcp]",
+    "treellm[store]",
+    "treellm[collector]",
+    "treellm[dashboard]",
+    "treellm[clickhouse]",
+    "treellm[chdb]",
+    "treellm[all]",
+]
 
 
 def _size(folder: Path) -> int:
@@ -56,7 +67,7 @@ def main() -> None:
         print(f"{target:<24}{size / 1e6:>10.1f}{size / core:>10.2f}")
 
     sys.path.insert(0, str(ROOT))
-    from treellm import signature
+    signature = importlib.import_module("treellm.signature")  # the module (treellm.signature is also a function)
 
     print("\nsignature hash of a 10,000-character argument text (median of 5 x 200)")
     text = "x" * 10_000

@@ -25,6 +25,8 @@ SCRIPT = textwrap.dedent(
     from treellm import LoopGuard, configure
     import treellm.integrations.langgraph  # an adapter's glue imports without its framework
     import treellm.integrations.openai_agents
+    import treellm.integrations.pydantic_ai
+    import treellm.integrations.smolagents
 
 
     provider = configure(service_name="slim", jsonl=sys.argv[1])

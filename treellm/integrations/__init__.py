@@ -13,6 +13,12 @@ call in the form the framework expects (the model always gets an answer per call
   ``loop_guard(agent, guard)`` (or ``Agent(..., tools=guard_tools(tools, guard))``); the
   path is the SDK trace of the run (``context.conversation_id`` when the run's context
   has one).
+- :mod:`treellm.integrations.smolagents`: smolagents. ``guard_agent(agent, guard)``
+  (or ``guard_tools(tools, guard)``); the path is a run id per ``agent.run``.
+- :mod:`treellm.integrations.pydantic_ai`: Pydantic AI. ``Agent(..., capabilities=[loop_guard(guard)])``;
+  the path is ``ctx.run_id`` (``per="conversation"``: ``ctx.conversation_id``).
+- :mod:`treellm.integrations.mcp`: ``treellm mcp-proxy -- <server command...>``, an MCP
+  server over stdio in front of any MCP server; the path is the MCP session.
 
 What the model gets for a caught call: ``decision.answer`` for ``nudge`` and ``cache``,
 and for ``prune`` the text of :func:`caught_answer` (frameworks need an answer per call;
