@@ -108,14 +108,57 @@ def open_store(
     return con
 
 
+_EXPORTED_TABLES = ("spans", "span_events", "span_links")
+_PARTITION_COLUMNS = ("service_name", "day")
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _parquet_view(con: duckdb.DuckDBPyConnection, table: str, globs: list[str]) -> str:
+    """``CREATE VIEW table`` over the Parquet files ``globs`` with the migrated table's columns,
+    in its order and types: a column that older files lack reads NULL (``union_by_name``
+    across files, then the migrated shape), and a column only the files have comes last."""
+    columns = con.execute(
+        "SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = ? AND NOT internal "
+        "ORDER BY column_index",
+        [table],
+    ).fetchall()
+    files = ", ".join("'" + g.replace("'", "''") + "'" for g in globs)
+    types = {name: kind for name, kind in columns}
+    hive = ", ".join(f"'{c}': '{types[c]}'" for c in _PARTITION_COLUMNS if c in types)
+    source = f"read_parquet([{files}], hive_partitioning = true, union_by_name = true" + (
+        f", hive_types = {{{hive}}})" if hive else ")"
+    )
+    present = {
+        str(row[0]): str(row[1])
+        for row in con.execute(f"SELECT column_name, column_type FROM (DESCRIBE SELECT * FROM {source})").fetchall()
+    }
+    select = []
+    for name, kind in columns:
+        if name not in present:
+            select.append(f"CAST(NULL AS {kind}) AS {_quoted(name)}")
+        elif present[name] != kind:
+            select.append(f"CAST({_quoted(name)} AS {kind}) AS {_quoted(name)}")
+        else:
+            select.append(_quoted(name))
+    select += [_quoted(name) for name in present if name not in types]
+    return f"CREATE VIEW {table} AS SELECT {', '.join(select)} FROM {source}"
+
+
 def open_parquet(folders: Sequence[str | os.PathLike[str]]) -> duckdb.DuckDBPyConnection:
     """An in-memory reader whose ``spans``, ``span_events`` and ``span_links`` are the
-    hive-partitioned Parquet files under ``folders``, with the store's views on top."""
+    hive-partitioned Parquet files under ``folders``, with the store's views on top.
+
+    The reader is a fully migrated in-memory store whose exported tables are replaced by
+    views over the files: every table has the columns of the last migration, whether
+    it has no files (an export with no spans, no events or no links: an empty table),
+    or files written before a migration added a column (read as NULL)."""
     if not folders:
         raise StoreError("no Parquet folder given")
-    con = duckdb.connect()
-    ddl = {stmt.split("(")[0].split()[-1]: stmt for stmt in MIGRATIONS[0][1].split(";") if "CREATE TABLE" in stmt}
-    for table in ("spans", "span_events", "span_links"):
+    found: dict[str, list[str]] = {}
+    for table in _EXPORTED_TABLES:
         globs = []
         for folder in folders:
             base = Path(folder) / table
@@ -123,16 +166,16 @@ def open_parquet(folders: Sequence[str | os.PathLike[str]]) -> duckdb.DuckDBPyCo
                 raise StoreError(f"{folder} has no {table}/ folder: not a `treellm export` output", path=str(folder))
             if next(base.rglob("*.parquet"), None) is not None:
                 globs.append(str(base / "**" / "*.parquet"))
-        if not globs:  # nothing exported for this table: an empty table of the same shape
-            con.execute(ddl[table])
-            continue
-        files = ", ".join("'" + g.replace("'", "''") + "'" for g in globs)
-        con.execute(
-            f"CREATE VIEW {table} AS SELECT * FROM read_parquet([{files}], hive_partitioning = true, "
-            "union_by_name = true)"
-        )
-    for _, sql in MIGRATIONS:  # the views (the tables are the Parquet files)
-        for statement in sql.split(";"):
-            if "CREATE VIEW" in statement or "CREATE OR REPLACE VIEW" in statement:
+        found[table] = globs
+    con = duckdb.connect()
+    try:
+        apply_migrations(con)  # every table and view at its latest shape
+        for table, globs in found.items():
+            if globs:  # else the migrated empty table stays
+                statement = _parquet_view(con, table, globs)
+                con.execute(f"DROP TABLE {table}")
                 con.execute(statement)
+    except BaseException:
+        con.close()
+        raise
     return con
