@@ -2,86 +2,143 @@
 
 Hard rules (``docs/architecture.md``, storage model):
 
-- a short-lived read-only connection per query (``open_store(read_only=True)`` or
-  ``open_parquet``), closed right away: never cached, so a writer (the collector, an
-  ingest) is blocked for no longer than one query;
-- results are cached (``st.cache_data``) instead, keyed by the store's version (its files'
-  sizes and modification times), so pages stay fast on an unchanged store and a live store
-  (the collector flushes every second or so) shows new data at the next render;
+- the views are the contract: every query is a typed analysis function
+  (``treellm.analysis`` and ``treellm.analysis.explorer``) over a store connection, so
+  the pages work alike over DuckDB, Parquet folders and ClickHouse; no SQL here, no file
+  of the store read behind its engine's back;
+- a short-lived read-only connection per query (``open_store(read_only=True)``,
+  ``open_parquet`` or ``open_clickhouse``), closed right away: never cached, so a writer
+  (the collector, an ingest) is blocked for no longer than one query;
+- results are cached (``st.cache_data``) instead, keyed by the data's version
+  (:func:`treellm.analysis.explorer.data_version`: span count, first start, last end, read
+  at most every :data:`VERSION_TTL_S` seconds), so pages stay fast on unchanged data and a
+  live store (the collector flushes every second or so) shows new data at the next render;
 - a lock conflict is retried with backoff; if the writer still holds the store the page
   shows "store busy, retrying" (:func:`show_problems`) instead of crashing, and reruns by
   itself once the writer lets go.
 
-The store comes from ``TREELLM_DASHBOARD_PARQUET`` (folders separated by the path
-separator), else ``TREELLM_DASHBOARD_DB``, else the default store. What the store holds is
-shown as text, never Markdown (``dashboard.text``).
+The data comes from ``TREELLM_DASHBOARD_PARQUET`` (folders separated by the path
+separator), else ``TREELLM_DASHBOARD_DB``, else ``TREELLM_CLICKHOUSE`` (a server URL or
+``chdb:PATH``; the spans table is ``otel_traces`` unless the script's arguments say
+``--clickhouse-table NAME``, as ``treellm dashboard --clickhouse-table`` passes them), else
+the default store. chDB holds one data folder per process, so ClickHouse connections are
+taken one at a time. What the store holds is shown as text, never Markdown
+(``dashboard.text``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
+import re
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal, NamedTuple
 
-import duckdb
 import pandas as pd
 import streamlit as st
 
 from dashboard.text import literal
 from treellm import analysis, settings
 from treellm.analysis import Filters
-from treellm.errors import StoreBusyError, StoreError
+from treellm.analysis import explorer as ex
+from treellm.errors import ConfigError, MissingExtraError, StoreBusyError, StoreError
 from treellm.store.connection import default_db_path, open_parquet, open_store
+from treellm.store.engine import StoreConnection
 
 RUN_CHOICES = 500
 """The run explorer lists the latest runs; a deep link opens any run."""
 TTL_S = 600
-"""Results are kept while the store is unchanged: the cache key holds the store's version
-(the files' sizes and modification times), so new data shows at the next render and an
-unchanged store is never queried twice."""
+"""Results are kept while the data is unchanged: the cache key holds the data's version,
+so new data shows at the next render and unchanged data is never queried twice."""
+VERSION_TTL_S = 1.0
+"""How long a data version is trusted before the views are asked again (about the
+collector's flush interval): at most one version query per second, whatever the reruns."""
+DEFAULT_CLICKHOUSE_TABLE = "otel_traces"
 
 
-Source = tuple[str, tuple[str, ...], tuple[int, ...]]
+class Source(NamedTuple):
+    """Where the dashboard reads: a DuckDB ``db`` file, ``parquet`` folders, or a
+    ``clickhouse`` URL and its spans table."""
+
+    kind: Literal["db", "parquet", "clickhouse"]
+    paths: tuple[str, ...]
+    table: str = DEFAULT_CLICKHOUSE_TABLE
+
+
+def script_option(name: str, argv: Sequence[str] | None = None) -> str | None:
+    """``--name VALUE`` or ``--name=VALUE`` among the script's arguments (``streamlit run
+    app.py -- --name VALUE``), else None (pure)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    for index, arg in enumerate(args):
+        if arg == name and index + 1 < len(args):
+            return args[index + 1]
+        if arg.startswith(name + "="):
+            return arg.partition("=")[2]
+    return None
 
 
 def source() -> Source:
-    """``(kind, paths, version)``: what the dashboard reads (``"parquet"`` folders or a
-    ``"db"`` file) and a version stamp that changes whenever the data does."""
+    """What the dashboard reads (see the module's docstring for the order)."""
     parquet = settings.get(settings.TREELLM_DASHBOARD_PARQUET)
     if parquet:
-        folders = tuple(str(p) for p in parquet)
-        files = [f for folder in folders for f in Path(folder).rglob("*.parquet")]
-        return "parquet", folders, _stamp(files)
-    db = str(settings.get(settings.TREELLM_DASHBOARD_DB) or default_db_path())
-    return "db", (db,), _stamp([Path(db), Path(db + ".wal")])
+        return Source("parquet", tuple(str(p) for p in parquet))
+    db = settings.get(settings.TREELLM_DASHBOARD_DB)
+    if db is None:
+        url = settings.get(settings.TREELLM_CLICKHOUSE)
+        if url:
+            return Source("clickhouse", (url,), script_option("--clickhouse-table") or DEFAULT_CLICKHOUSE_TABLE)
+    return Source("db", (str(db or default_db_path()),))
 
 
-def _stamp(files: list[Path]) -> tuple[int, ...]:
-    stamp = [len(files)]
-    for file in files:
-        try:
-            info = file.stat()
-        except OSError:
-            continue
-        stamp += [info.st_size, info.st_mtime_ns]
-    return tuple(stamp)
+_PASSWORD = re.compile(r"(//[^/:@]*:)[^/@]*@")
 
 
-def describe_source() -> str:
-    kind, paths, _ = source()
-    return f"Parquet: {', '.join(paths)}" if kind == "parquet" else f"store: {paths[0]}"
+def describe_source(src: Source | None = None) -> str:
+    """The source as one line of text (a URL's password masked)."""
+    kind, paths, table = src or source()
+    if kind == "parquet":
+        return f"Parquet: {', '.join(paths)}"
+    if kind == "clickhouse":
+        url = _PASSWORD.sub(r"\1***@", paths[0])
+        return f"ClickHouse: {url} ({table})"
+    return f"store: {paths[0]}"
+
+
+_CLICKHOUSE_LOCK = threading.Lock()
+"""chDB allows one data folder per process: one ClickHouse connection at a time."""
 
 
 @contextlib.contextmanager
-def _connect(src: Source) -> Iterator[duckdb.DuckDBPyConnection]:
-    kind, paths, _ = src
+def _connect(src: Source) -> Iterator[StoreConnection]:
+    kind, paths, table = src
+    if kind == "clickhouse":
+        from treellm.store.clickhouse import open_clickhouse
+
+        with _CLICKHOUSE_LOCK:
+            con: StoreConnection = open_clickhouse(paths[0], table=table)
+            try:
+                yield con
+            finally:
+                con.close()
+        return
     con = open_parquet(list(paths)) if kind == "parquet" else open_store(paths[0], read_only=True, retries=6)
     try:
         yield con
     finally:
         con.close()
+
+
+@st.cache_data(ttl=VERSION_TTL_S, show_spinner=False)
+def _version(src: Source) -> ex.DataVersion:
+    with _connect(src) as con:
+        return ex.data_version(con)
+
+
+def version(src: Source) -> ex.DataVersion:
+    """The data version of ``src``, read from its views (cached :data:`VERSION_TTL_S` seconds)."""
+    return _version(src)
 
 
 @contextlib.contextmanager
@@ -99,6 +156,8 @@ def show_problems() -> Iterator[None]:
         _rerun_when_free()
     except StoreError as exc:
         st.info(f"No data to show: {literal(exc)}")
+    except (ConfigError, MissingExtraError) as exc:
+        st.error(f"Cannot read the data: {literal(exc)}")
 
 
 BUSY_RETRY_S = 2.0
@@ -127,26 +186,22 @@ def _store_free(src: Source) -> bool:
     return True
 
 
-# -- cached queries (keyed by the source and the filters) -----------------------------------------
+# -- cached queries (keyed by the source, its data version and the filters) ---------------------------
+
+
+def _key() -> tuple[Source, ex.DataVersion]:
+    src = source()
+    return src, version(src)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def _filter_options(src: Source) -> dict[str, Any]:
+def _filter_options(src: Source, stamp: ex.DataVersion) -> ex.FilterOptions:
     with _connect(src) as con:
-        runs = con.execute("SELECT service, agent, model, start_ns FROM runs").df()
-        tools = [r[0] for r in con.execute("SELECT DISTINCT tool FROM tool_calls ORDER BY tool").fetchall()]
-    return {
-        "services": sorted(x for x in runs["service"].dropna().unique()),
-        "agents": sorted(x for x in runs["agent"].dropna().unique()),
-        "models": sorted(x for x in runs["model"].dropna().unique()),
-        "tools": tools,
-        "first": runs["start_ns"].min() if len(runs) else None,
-        "last": runs["start_ns"].max() if len(runs) else None,
-    }
+        return ex.filter_options(con)
 
 
-def filter_options() -> dict[str, Any]:
-    return _filter_options(source())
+def filter_options() -> ex.FilterOptions:
+    return _filter_options(*_key())
 
 
 def sidebar_filters() -> Filters:
@@ -155,14 +210,14 @@ def sidebar_filters() -> Filters:
     sidebar = st.sidebar
     sidebar.caption(literal(describe_source()))
     any_ = "(all)"
-    service = sidebar.selectbox("Service", [any_, *options["services"]], key="f_service")
-    agent = sidebar.selectbox("Agent", [any_, *options["agents"]], key="f_agent")
-    model = sidebar.selectbox("Model", [any_, *options["models"]], key="f_model")
-    tool = sidebar.selectbox("Tool", [any_, *options["tools"]], key="f_tool")
+    service = sidebar.selectbox("Service", [any_, *options.services], key="f_service")
+    agent = sidebar.selectbox("Agent", [any_, *options.agents], key="f_agent")
+    model = sidebar.selectbox("Model", [any_, *options.models], key="f_model")
+    tool = sidebar.selectbox("Tool", [any_, *options.tools], key="f_tool")
     since = until = None
-    if options["first"] is not None:
-        first = dt.datetime.fromtimestamp(options["first"] / 1e9, dt.UTC).date()
-        last = dt.datetime.fromtimestamp(options["last"] / 1e9, dt.UTC).date()
+    if options.first_ns is not None and options.last_ns is not None:
+        first = dt.datetime.fromtimestamp(options.first_ns / 1e9, dt.UTC).date()
+        last = dt.datetime.fromtimestamp(options.last_ns / 1e9, dt.UTC).date()
         window = sidebar.date_input("Runs started", value=(first, last), key="f_window")
         if isinstance(window, tuple) and len(window) == 2:
             since = dt.datetime.combine(window[0], dt.time(), dt.UTC)
@@ -171,10 +226,8 @@ def sidebar_filters() -> Filters:
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def _query(src: Source, name: str, filters: Filters, extra: tuple[Any, ...]) -> Any:
+def _query(src: Source, stamp: ex.DataVersion, name: str, filters: Filters, extra: tuple[Any, ...]) -> Any:
     with _connect(src) as con:
-        if name == "totals":
-            return analysis.totals(con, filters)
         if name == "tuning":
             return analysis.tuning_by_tool(con, filters, tolerance=extra[0])
         if name == "limits_toml":
@@ -183,54 +236,33 @@ def _query(src: Source, name: str, filters: Filters, extra: tuple[Any, ...]) -> 
             return analysis.what_if_by_tool_limit(con, Filters(filters.since, filters.until, filters.service,
                                                                 filters.agent, filters.model, extra[0]))  # fmt: skip
         if name == "runs":
-            where, params = filters.run_condition("r")
-            return con.execute(
-                f"SELECT * FROM runs r WHERE {where} ORDER BY r.start_ns DESC LIMIT {RUN_CHOICES}", params
-            ).df()
+            return ex.run_list(con, filters, limit=RUN_CHOICES)
         if name == "shape_groups":
-            shapes = analysis.shape_by_run(con, filters)
-            return shapes_grouped(shapes, extra[0])
+            return shapes_grouped(analysis.shape_by_run(con, filters), extra[0])
         if name == "actions":
-            where, params = filters.where("l")
-            return con.execute(
-                f"SELECT l.tool, l.action, l.shadow, count(*) AS calls FROM loop_events l WHERE {where} "
-                "GROUP BY ALL ORDER BY calls DESC",
-                params,
-            ).df()
+            return ex.actions_by_tool(con, filters)
         function = getattr(analysis, name)
         return function(con, filters)
 
 
 def query(name: str, filters: Filters, *extra: Any) -> Any:
-    """Run an analysis function (by name) or a dashboard query, cached for a few seconds."""
-    return _query(source(), name, filters, extra)
+    """Run an analysis function (by name) or a dashboard query, cached while the data is unchanged."""
+    return _query(*_key(), name, filters, extra)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def _run(src: Source, run_id: str) -> dict[str, pd.DataFrame]:
+def _run(src: Source, stamp: ex.DataVersion, run_id: str) -> dict[str, pd.DataFrame]:
     with _connect(src) as con:
-        nodes = con.execute(
-            """SELECT n.node_id, n.kind, n.parent_id, n.depth, n.status, n.tool, n.signature, n.ordinal,
-                      n."limit", n.limit_source, n.result_hash, n.attempts, n.skill_stack, n.start_ns, n.end_ns,
-                      s.name AS span_name, s.arguments, s.result, s.input_tokens, s.output_tokens,
-                      s.attributes['treellm.think.text'] AS text, s.span_id
-               FROM nodes n JOIN spans s USING (trace_id, span_id)
-               WHERE n.run_id = ? ORDER BY n.start_ns, n.node_id""",
-            [run_id],
-        ).df()
-        loops = con.execute(
-            """SELECT node_id, tool, signature, count, "limit", limit_source, action, shadow, arguments,
-                      earlier_node_ids_raw AS earlier_node_ids, time_ns
-               FROM loop_events WHERE run_id = ? ORDER BY time_ns""",
-            [run_id],
-        ).df()
-        run = con.execute("SELECT * FROM runs WHERE run_id = ?", [run_id]).df()
-    return {"nodes": nodes, "loops": loops, "run": run}
+        return {
+            "nodes": ex.run_nodes(con, run_id),
+            "loops": ex.run_loop_events(con, run_id),
+            "run": ex.run_row(con, run_id),
+        }
 
 
 def run_detail(run_id: str) -> dict[str, pd.DataFrame]:
     """One run: its nodes (with captured content), its caught calls, and its runs row."""
-    return _run(source(), run_id)
+    return _run(*_key(), run_id)
 
 
 CONTENT_COLUMNS = ("arguments", "result", "text")

@@ -326,3 +326,12 @@ def test_no_page_renders_trace_text_or_the_url_as_markup(hostile_db: Path, monke
     shapes = page("shapes", hostile_db, monkeypatch)
     labels = [m.label for m in shapes.metric]
     assert sorted(labels) == [f"agent: {literal(agent)}" for agent in AGENTS]  # escaped Markdown: shown as typed
+
+
+def test_the_dashboard_reads_the_views_through_the_analysis_only() -> None:
+    """No SQL of its own and no file of the store read behind the engine's back: the
+    dashboard calls typed analysis functions, so it reads DuckDB, Parquet and ClickHouse alike."""
+    for path in (ROOT / "dashboard").rglob("*.py"):
+        source = path.read_text(encoding="utf-8")
+        for forbidden in (".execute(", ".df(", ".sql(", "SELECT ", ".wal", "import duckdb", "st_mtime"):
+            assert forbidden not in source, (path.name, forbidden)

@@ -121,8 +121,19 @@ def _dashboard_command(args: argparse.Namespace) -> tuple[list[str], dict[str, s
     require_extra("treellm dashboard", "dashboard", "streamlit", "plotly", "igraph")
 
     env = dict(os.environ)
+    for setting in (settings.TREELLM_DASHBOARD_PARQUET, settings.TREELLM_DASHBOARD_DB):
+        env.pop(setting.name, None)  # the arguments decide the source, not an inherited variable
+    script_args: list[str] = []
+    clickhouse = _dashboard_clickhouse(args)
     if getattr(args, "parquet", None):
         env[settings.TREELLM_DASHBOARD_PARQUET.name] = os.pathsep.join(str(Path(p).resolve()) for p in args.parquet)
+    elif clickhouse:
+        from treellm.store.clickhouse import open_clickhouse
+
+        table = getattr(args, "clickhouse_table", None) or "otel_traces"
+        open_clickhouse(clickhouse, table=table).close()  # a bad URL or table fails here, in one line
+        env[settings.TREELLM_CLICKHOUSE.name] = clickhouse
+        script_args = ["--", "--clickhouse-table", table]
     else:
         env[settings.TREELLM_DASHBOARD_DB.name] = str(Path(_db(args)).resolve())
     env["STREAMLIT_BROWSER_GATHER_USAGE_STATS"] = "false"
@@ -131,9 +142,18 @@ def _dashboard_command(args: argparse.Namespace) -> tuple[list[str], dict[str, s
         sys.executable, "-m", "streamlit", "run", str(app),
         "--server.address", args.host, "--server.port", str(args.port), "--server.headless", "true",
         "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none", "--global.developmentMode", "false",
-        "--theme.base", "light",
+        "--theme.base", "light", *script_args,
     ]  # fmt: skip
     return command, env, f"http://{args.host}:{args.port}"
+
+
+def _dashboard_clickhouse(args: argparse.Namespace) -> str | None:
+    """The ClickHouse URL the dashboard reads: ``--clickhouse``, else ``$TREELLM_CLICKHOUSE``
+    when neither ``--db`` nor ``--parquet`` is given (as ``report`` and ``tune`` decide)."""
+    url: str | None = getattr(args, "clickhouse", None)
+    if url or getattr(args, "db", None) or getattr(args, "parquet", None) or not hasattr(args, "clickhouse"):
+        return url
+    return settings.get(settings.TREELLM_CLICKHOUSE)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -557,6 +577,33 @@ def _add_mcp_proxy_command(sub: Any) -> None:
     proxy.set_defaults(func=_cmd_mcp_proxy)
 
 
+def _add_dashboard_command(sub: Any) -> None:
+    dashboard = _command(
+        sub,
+        "dashboard",
+        help="open the Streamlit dashboard on a store, Parquet folders or ClickHouse",
+        description="Serve the dashboard (overview, run explorer, tree shapes, tools, tuning) on loopback.",
+        epilog="example:\n  treellm dashboard --db runs.duckdb --port 8501\n"
+        "  treellm dashboard --clickhouse chdb:./traces --clickhouse-table otel.otel_traces",
+    )
+    source = dashboard.add_mutually_exclusive_group()
+    source.add_argument("--db", help="the store (default $TREELLM_DB or ./treellm.duckdb)")
+    source.add_argument("--parquet", nargs="+", metavar="DIR", help="read `treellm export` folders instead")
+    source.add_argument(
+        "--clickhouse",
+        metavar="URL",
+        help="read the OpenTelemetry Collector's ClickHouse table instead: http(s)://user:pass@host:8123 or "
+        "chdb:PATH (embedded ClickHouse on a folder); default $TREELLM_CLICKHOUSE when neither --db nor "
+        "--parquet is given",
+    )
+    dashboard.add_argument(
+        "--clickhouse-table", default="otel_traces", metavar="NAME", help="the spans table (default otel_traces)"
+    )
+    dashboard.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s: loopback)")
+    dashboard.add_argument("--port", type=int, default=8501, help="port (default %(default)s)")
+    dashboard.set_defaults(func=_cmd_dashboard)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="treellm",
@@ -650,19 +697,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(collect)
     collect.set_defaults(func=_cmd_collect)
 
-    dashboard = _command(
-        sub,
-        "dashboard",
-        help="open the Streamlit dashboard on a store or Parquet folders",
-        description="Serve the dashboard (overview, run explorer, tree shapes, tools, tuning) on loopback.",
-        epilog="example:\n  treellm dashboard --db runs.duckdb --port 8501",
-    )
-    source = dashboard.add_mutually_exclusive_group()
-    source.add_argument("--db", help="the store (default $TREELLM_DB or ./treellm.duckdb)")
-    source.add_argument("--parquet", nargs="+", metavar="DIR", help="read `treellm export` folders instead")
-    dashboard.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s: loopback)")
-    dashboard.add_argument("--port", type=int, default=8501, help="port (default %(default)s)")
-    dashboard.set_defaults(func=_cmd_dashboard)
+    _add_dashboard_command(sub)
     return parser
 
 

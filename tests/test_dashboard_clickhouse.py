@@ -1,0 +1,206 @@
+"""The dashboard over ClickHouse (embedded chDB, the Collector exporter's rows): the pages
+show what they show over DuckDB, through the same analysis functions; and
+`treellm dashboard --clickhouse` hands the URL and table to the Streamlit process."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("chdb")
+
+from clickhouse_rows import file_rows, insert_sql
+from streamlit.testing.v1 import AppTest
+
+from dashboard.text import literal
+from treellm.analysis import explorer
+from treellm.cli import _dashboard_command, build_parser
+from treellm.store import ingest, open_store
+from treellm.store.clickhouse import open_clickhouse
+
+ROOT = Path(__file__).resolve().parent.parent
+VIEWS = ROOT / "dashboard" / "views"
+FILES = sorted((ROOT / "sample_traces").glob("*.jsonl"))
+TABLE = "dash.otel_traces"
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The same sample traces in a DuckDB store and in a chDB folder (as the exporter writes them)."""
+    folder = tmp_path_factory.mktemp("dash_ch")
+    db = folder / "samples.duckdb"
+    ingest(db, FILES)
+    url = f"chdb:{folder / 'chdb'}"
+    ch = open_clickhouse(url, table=TABLE, create_table=True)
+    rows = [row for path in FILES for row in file_rows(path)]
+    for start in range(0, len(rows), 5000):
+        ch.command(insert_sql(rows[start : start + 5000], ch.table))
+    ch.close()
+    return db, url
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache() -> Iterator[None]:
+    import streamlit as st
+
+    st.cache_data.clear()
+    yield
+    st.cache_data.clear()
+
+
+def over_duckdb(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TREELLM_DASHBOARD_DB", str(db))
+    monkeypatch.delenv("TREELLM_DASHBOARD_PARQUET", raising=False)
+    monkeypatch.delenv("TREELLM_CLICKHOUSE", raising=False)
+
+
+def over_clickhouse(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TREELLM_DASHBOARD_DB", raising=False)
+    monkeypatch.delenv("TREELLM_DASHBOARD_PARQUET", raising=False)
+    monkeypatch.setenv("TREELLM_CLICKHOUSE", url)
+    monkeypatch.setattr(sys, "argv", ["app.py", "--clickhouse-table", TABLE])  # as `treellm dashboard` passes it
+
+
+def page(name: str, **query: str) -> AppTest:
+    at = AppTest.from_file(str(VIEWS / f"{name}.py"), default_timeout=120)
+    for key, value in query.items():
+        at.query_params[key] = value
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def test_the_overview_over_clickhouse_shows_the_run_count_of_duckdb(
+    stores: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db, url = stores
+    over_duckdb(db, monkeypatch)
+    duck = metrics(page("overview"))
+    over_clickhouse(url, monkeypatch)
+    at = page("overview")
+    assert [c.value for c in at.sidebar.caption] == [literal(f"ClickHouse: {url} ({TABLE})")]
+    clickhouse = metrics(at)
+    assert int(duck["Runs"]) > 300
+    assert clickhouse == duck  # runs, executed, pruned, prune rate, wasted repeats
+
+
+def test_the_run_explorer_over_clickhouse_opens_a_deep_link(
+    stores: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db, url = stores
+    over_duckdb(db, monkeypatch)
+    duck = page("run_explorer", run="sample-nudge_and_cache", node="n2")
+    over_clickhouse(url, monkeypatch)
+    at = page("run_explorer", run="sample-nudge_and_cache", node="n2")
+    assert at.selectbox(key="run_pick").value == "sample-nudge_and_cache"
+    assert at.selectbox(key="node_pick").value == "n2"
+    assert metrics(at) == metrics(duck)
+    assert sorted(at.dataframe[0].value["action"]) == ["cache", "nudge"]
+    assert any("record 7" in c.value for c in at.code)  # the node's captured result
+
+
+def test_every_page_renders_over_clickhouse(stores: tuple[Path, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    _, url = stores
+    over_clickhouse(url, monkeypatch)
+    for name in ("shapes", "tools", "tuning"):
+        assert page(name).dataframe, name
+
+
+def test_the_explorer_functions_give_the_same_frames_on_both_engines(stores: tuple[Path, str]) -> None:
+    db, url = stores
+    duck, ch = open_store(db, read_only=True), open_clickhouse(url, table=TABLE)
+    try:
+        assert explorer.filter_options(ch) == explorer.filter_options(duck)
+        assert explorer.data_version(ch) == explorer.data_version(duck)
+        assert list(explorer.run_list(ch)["run_id"]) == list(explorer.run_list(duck)["run_id"])
+        for function in (explorer.run_nodes, explorer.run_loop_events):
+            a, b = function(ch, "sample-nudge_and_cache"), function(duck, "sample-nudge_and_cache")
+            assert list(a.columns) == list(b.columns)
+            assert a.astype(str).values.tolist() == b.astype(str).values.tolist()
+        a, b = explorer.actions_by_tool(ch), explorer.actions_by_tool(duck)
+        assert a.astype(str).values.tolist() == b.astype(str).values.tolist()
+        assert explorer.run_row(ch, "no such run").empty
+    finally:
+        duck.close()
+        ch.close()
+
+
+def test_the_dashboard_command_passes_the_clickhouse_url_and_table(
+    stores: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, url = stores
+    monkeypatch.setenv("TREELLM_DASHBOARD_DB", "/elsewhere.duckdb")  # inherited: the arguments decide
+    args: argparse.Namespace = build_parser().parse_args(
+        ["dashboard", "--clickhouse", url, "--clickhouse-table", TABLE]
+    )
+    command, env, _ = _dashboard_command(args)
+    assert command[-3:] == ["--", "--clickhouse-table", TABLE]
+    assert env["TREELLM_CLICKHOUSE"] == url and "TREELLM_DASHBOARD_DB" not in env
+    monkeypatch.setenv("TREELLM_CLICKHOUSE", url)  # the variable alone, as `report` and `tune` read it
+    command, env, _ = _dashboard_command(build_parser().parse_args(["dashboard", "--clickhouse-table", TABLE]))
+    assert command[-1] == TABLE and "TREELLM_DASHBOARD_DB" not in env
+    command, env, _ = _dashboard_command(build_parser().parse_args(["dashboard", "--db", "x.duckdb"]))
+    assert "--clickhouse-table" not in command and env["TREELLM_DASHBOARD_DB"].endswith("x.duckdb")
+
+
+def test_treellm_dashboard_clickhouse_in_a_real_browser(stores: tuple[Path, str], tmp_path: Path) -> None:
+    """`treellm dashboard --clickhouse chdb:... --clickhouse-table ...` as a real server: the
+    overview shows DuckDB's run count, and no page raises."""
+    import subprocess
+    import time
+    import urllib.request
+
+    from test_browser import CHROMIUM_ARGS, chromium, free_port
+
+    if chromium() is None:
+        pytest.skip("no Chromium on this machine (set TREELLM_REQUIRE_BROWSER=1 to make this a failure)")
+    from playwright.sync_api import sync_playwright
+
+    db, url = stores
+    con = open_store(db, read_only=True)
+    runs = len(explorer.run_list(con, limit=10_000))
+    con.close()
+    port = free_port()
+    command = [sys.executable, "-m", "treellm", "dashboard", "--clickhouse", url, "--clickhouse-table", TABLE,
+               "--port", str(port)]  # fmt: skip
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path) as server:
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as response:
+                        if response.status == 200:
+                            break
+                except OSError:
+                    if time.monotonic() > deadline or server.poll() is not None:
+                        pytest.fail(f"the dashboard did not start: {server.stdout.read() if server.stdout else ''}")
+                    time.sleep(0.3)
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
+                try:
+                    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                    for path, text in (("", "Tuning verdicts at a glance"), ("run", "Node details")):
+                        page.goto(f"{base}/{path}")
+                        page.get_by_text(text, exact=False).first.wait_for(timeout=60_000)
+                        page.wait_for_function(
+                            "() => document.querySelectorAll('[data-testid=stSkeleton]').length == 0", timeout=60_000
+                        )
+                        assert page.locator("[data-testid='stException']").count() == 0, path
+                        if not path:
+                            values = page.locator("[data-testid='stMetricValue']").all_inner_texts()
+                            assert values[0] == f"{runs:,}", values
+                            assert page.get_by_text(TABLE, exact=False).count() >= 1  # the sidebar names the table
+                finally:
+                    browser.close()
+        finally:
+            server.terminate()
+            server.communicate(timeout=30)
