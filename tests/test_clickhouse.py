@@ -21,18 +21,22 @@ import pytest
 
 pytest.importorskip("chdb")
 
-from clickhouse_rows import exporter_rows, file_rows, insert_sql
+from clickhouse_rows import file_rows, insert_sql
 
 from treellm import analysis as A
 from treellm.cli import main
 from treellm.errors import ConfigError
 from treellm.store import ingest, open_store
-from treellm.store.clickhouse import ClickHouseConnection, named_parameters, open_clickhouse
-from treellm.store.formats import detect_format, iter_traces_data
+from treellm.store.clickhouse import ClickHouseConnection, display_url, named_parameters, open_clickhouse
+from treellm.store.clickhouse_ingest import ingest_clickhouse
+from treellm.store.ingest import IngestReport
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = sorted((ROOT / "sample_traces").glob("*.jsonl"))
-FOREIGN = [*sorted((ROOT / "tests" / "data" / "external").glob("*.json")),
+# other frameworks' traces (recorded through their real instrumentors), tau-bench and any-agent
+# traces and mini-swe-agent trajectories: what `treellm ingest --clickhouse` writes for them
+FOREIGN = [ROOT / "tests" / "data" / "external", ROOT / "tests" / "data" / "frameworks",
+           *sorted(p for p in (ROOT / "tests" / "data" / "mini-swe-agent").iterdir() if p.is_dir()),
            *sorted((ROOT / "sample_traces").glob("real_*.json"))]  # fmt: skip
 
 FRAMES = [
@@ -70,14 +74,6 @@ def normalised(frame: pd.DataFrame) -> tuple[list[str], list[tuple[Any, ...]]]:
     return [str(c) for c in frame.columns], sorted(rows, key=repr)
 
 
-def _otel_rows(path: Path) -> list[dict[str, Any]]:
-    """The exporter's rows for any file treellm reads (OTLP/JSON as is; other formats as the
-    OTLP they would be sent as)."""
-    if path.suffix == ".jsonl":
-        return file_rows(path)
-    return [row for _, doc in iter_traces_data(path, detect_format(path)) for row in exporter_rows(doc)]
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("clickhouse")
@@ -87,7 +83,7 @@ def _load(folder: Path, name: str, files: list[Path]) -> tuple[Any, ClickHouseCo
     db = folder / f"{name}.duckdb"
     ingest(db, files)
     ch = open_clickhouse(f"chdb:{folder / 'chdb'}", table=f"{name}.otel_traces", create_table=True)
-    rows = [row for path in files for row in _otel_rows(path)]
+    rows = [row for path in files for row in file_rows(path)]
     for start in range(0, len(rows), 5000):
         ch.command(insert_sql(rows[start : start + 5000], ch.table))
     return open_store(db, read_only=True), ch
@@ -175,15 +171,93 @@ def test_a_url_that_is_no_clickhouse_url_is_a_config_error(monkeypatch: pytest.M
         open_clickhouse("chdb:/nonexistent", table="x; DROP TABLE y")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="foreign spans (other frameworks, trajectories) get their run trees, signatures and "
-    "ordinals from treellm's ingest in Python; over otel_traces they stay NULL (README, 'Past one machine')",
-)
-def test_foreign_data_reports_the_same_figures(folder: Path) -> None:
-    duck, ch = _load(folder, "external", FOREIGN)
+@pytest.fixture(scope="module")
+def foreign(folder: Path) -> Iterator[tuple[Any, ClickHouseConnection, IngestReport]]:
+    """The foreign data ingested twice: into DuckDB, and into ClickHouse by ``ingest --clickhouse``."""
+    db = folder / "foreign.duckdb"
+    ingest(db, FOREIGN)
+    ch = open_clickhouse(f"chdb:{folder / 'chdb'}", table="foreign.otel_traces", create_table=True)
+    report = ingest_clickhouse(ch, FOREIGN)
+    duck = open_store(db, read_only=True)
+    yield duck, ch, report
+    duck.close()
+    ch.close()
+
+
+def test_foreign_data_reports_the_same_figures(foreign: tuple[Any, ClickHouseConnection, IngestReport]) -> None:
+    duck, ch, report = foreign
+    expected = A.report(duck)
+    assert expected["runs"] >= 80 and report.runs == expected["runs"]
+    assert report.spans == duck.execute("SELECT count(*) FROM spans").fetchone()[0]
+    assert A.report(ch) == expected
+    assert A.tune(ch) == A.tune(duck)
+    assert A.totals(ch) == A.totals(duck)
+
+
+@pytest.mark.parametrize("name", FRAMES)
+def test_foreign_data_gives_identical_frames(
+    foreign: tuple[Any, ClickHouseConnection, IngestReport], name: str
+) -> None:
+    duck, ch, _ = foreign
+    assert normalised(getattr(A, name)(ch)) == normalised(getattr(A, name)(duck))
+
+
+@pytest.mark.parametrize("view", ["runs", "nodes", "tool_calls", "loop_events"])
+def test_foreign_views_agree_cell_for_cell_source_included(
+    foreign: tuple[Any, ClickHouseConnection, IngestReport], view: str
+) -> None:
+    duck, ch, _ = foreign
+    frame = duck.execute(f"SELECT * FROM {view} LIMIT 0").df()
+    columns = [c for c in frame.columns if not c.endswith("_raw")]
+    select = f"SELECT {', '.join(f'`{c}`' for c in columns)} FROM {view}"
+    rows = normalised(duck.execute(select.replace("`", '"')).df())
+    assert normalised(ch.df(select)) == rows
+    assert rows[1] or view == "loop_events"  # no foreign source carries loop:detected events
+
+
+def test_ingesting_the_same_files_again_writes_nothing(foreign: tuple[Any, ClickHouseConnection, IngestReport]) -> None:
+    _, ch, first = foreign
+    before = int(ch.df("SELECT count() AS n FROM otel_traces")["n"][0])
+    again = ingest_clickhouse(ch, FOREIGN[:2])
+    assert (again.spans, again.runs) == (0, 0) and again.duplicates > 0
+    assert int(ch.df("SELECT count() AS n FROM otel_traces")["n"][0]) == before == first.spans
+
+
+def test_own_spans_written_by_ingest_read_as_the_exporter_wrote_them(
+    samples: tuple[Any, ClickHouseConnection], folder: Path
+) -> None:
+    _, exported = samples
+    ch = open_clickhouse(f"chdb:{folder / 'chdb'}", table="own.otel_traces", create_table=True)
     try:
-        assert A.report(ch) == A.report(duck)
+        report = ingest_clickhouse(ch, SAMPLES)
+        assert report.spans > 0 and report.bad_records == ()
+        assert A.report(ch) == A.report(exported)
+        assert A.tune(ch) == A.tune(exported)
+        assert normalised(A.repeat_samples(ch)) == normalised(A.repeat_samples(exported))
     finally:
-        duck.close()
         ch.close()
+
+
+def test_ingest_command_writes_into_clickhouse_and_report_reads_it(
+    folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trajectories = str(FOREIGN[2])
+    clickhouse = ["--clickhouse", f"chdb:{folder / 'chdb'}", "--clickhouse-table", "cli.otel_traces"]
+    assert main(["ingest", trajectories, *clickhouse, "--json"]) == 0
+    written = json.loads(capsys.readouterr().out)
+    assert written["spans"] > 0 and written["runs"] > 0
+    assert main(["ingest", trajectories, "--db", str(folder / "cli.duckdb"), "--json"]) == 0
+    capsys.readouterr()
+    outputs = []
+    for source in (clickhouse, ["--db", str(folder / "cli.duckdb")]):
+        assert main(["report", *source, "--format", "json"]) == 0
+        outputs.append(json.loads(capsys.readouterr().out))
+    assert outputs[0] == outputs[1] and outputs[0]["runs"] == written["runs"]
+
+
+def test_a_password_in_the_url_never_reaches_a_message() -> None:
+    assert display_url("http://treellm:s3cret@ch.internal:8123/otel") == "http://treellm:***@ch.internal:8123/otel"
+    assert display_url("chdb:./traces") == "chdb:./traces"
+    with pytest.raises(ConfigError) as caught:
+        open_clickhouse("ftp://treellm:s3cret@ch.internal")
+    assert "s3cret" not in str(caught.value)

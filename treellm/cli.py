@@ -224,11 +224,29 @@ def _db(args: argparse.Namespace) -> str:
 def _cmd_ingest(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from treellm.store.ingest import ingest
+    from treellm.store.ingest import IngestReport, ingest
 
-    db = _db(args)
+    if args.clickhouse:
+        from treellm.store.clickhouse import display_url
+
+        db = f"{display_url(args.clickhouse)} ({args.clickhouse_table})"
+    else:
+        db = _db(args)
+
+    def run(progress: Any = None) -> IngestReport:
+        if not args.clickhouse:
+            return ingest(db, args.paths, args.input_format, skip_bad=args.skip_bad, progress=progress)
+        from treellm.store.clickhouse import open_clickhouse
+        from treellm.store.clickhouse_ingest import ingest_clickhouse
+
+        ch = open_clickhouse(args.clickhouse, table=args.clickhouse_table, create_table=True)
+        try:
+            return ingest_clickhouse(ch, args.paths, args.input_format, skip_bad=args.skip_bad, progress=progress)
+        finally:
+            ch.close()
+
     if args.json:
-        report = ingest(db, args.paths, args.input_format, skip_bad=args.skip_bad)
+        report = run()
     else:
         columns = (
             TextColumn("ingest"),
@@ -243,7 +261,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
             def progress(done: int, total: int, path: str) -> None:
                 bar.update(task, completed=done, total=total, file=path)
 
-            report = ingest(db, args.paths, args.input_format, skip_bad=args.skip_bad, progress=progress)
+            report = run(progress)
     if args.json:
         print(json.dumps(report.to_json()))
     else:
@@ -439,12 +457,27 @@ def _add_data_commands(sub: Any) -> None:
         help="ingest trace files (OTLP JSON lines or documents, OTLP protobuf, SDK span JSON, chat trajectories)",
         description=(
             "Ingest trace files into the DuckDB store, one transaction per file; re-ingesting adds nothing. "
-            "Folders are walked. The store is --db, else $TREELLM_DB, else ./treellm.duckdb."
+            "Folders are walked. The store is --db, else $TREELLM_DB, else ./treellm.duckdb. With --clickhouse "
+            "the spans go into the OpenTelemetry Collector's ClickHouse table instead, with the runs, trees, "
+            "signatures and ordinals ingest derives (spans already in the table are not written again)."
         ),
-        epilog="example:\n  treellm ingest traces/*.jsonl --db runs.duckdb --json",
+        epilog=(
+            "examples:\n  treellm ingest traces/*.jsonl --db runs.duckdb --json\n"
+            "  treellm ingest trajectories/ --clickhouse http://localhost:8123 --clickhouse-table otel.otel_traces"
+        ),
     )
     ingest.add_argument("paths", nargs="+", metavar="PATH", help="files or folders")
-    ingest.add_argument("--db", help="the store (default $TREELLM_DB or ./treellm.duckdb)")
+    target = ingest.add_mutually_exclusive_group()
+    target.add_argument("--db", help="the store (default $TREELLM_DB or ./treellm.duckdb)")
+    target.add_argument(
+        "--clickhouse",
+        metavar="URL",
+        help="write into the Collector's ClickHouse table instead (created with the exporter's schema when "
+        "missing): http(s)://user:pass@host:8123 or chdb:PATH",
+    )
+    ingest.add_argument(
+        "--clickhouse-table", default="otel_traces", metavar="NAME", help="the spans table (default otel_traces)"
+    )
     ingest.add_argument(
         "--input-format",
         default="auto",

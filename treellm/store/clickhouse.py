@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any, Final
+from urllib.parse import urlsplit, urlunsplit
 
 import pandas as pd
 
@@ -26,7 +27,7 @@ from treellm.errors import ConfigError, MissingExtraError, StoreError
 from treellm.store.clickhouse_views import DEFAULT_TABLE, OTEL_TRACES_DDL, view_statements
 from treellm.store.engine import Dialect
 
-__all__ = ["ENV_CLICKHOUSE", "ClickHouseConnection", "named_parameters", "open_clickhouse"]
+__all__ = ["ENV_CLICKHOUSE", "ClickHouseConnection", "display_url", "named_parameters", "open_clickhouse"]
 
 ENV_CLICKHOUSE: Final = settings.TREELLM_CLICKHOUSE.name
 
@@ -68,6 +69,16 @@ def named_parameters(sql: str, params: Sequence[Any]) -> tuple[str, dict[str, An
     return "".join(out), named
 
 
+def display_url(url: str) -> str:
+    """``url`` without its password, for messages and logs (pure)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def _array_text(values: Sequence[Any]) -> str:
     """An Array(String) parameter as ClickHouse text (chDB passes parameters as text)."""
     quoted = ("'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'" for v in values)
@@ -88,9 +99,11 @@ class ClickHouseConnection:
         close: Callable[[], None],
         *,
         use: Callable[[str], None],
+        insert: Callable[[str, bytes], None],
         table: str = DEFAULT_TABLE,
     ) -> None:
         self._query, self._command, self._close, self._use = query, command, close, use
+        self._insert = insert
         self.table = table
         self.database = table.rpartition(".")[0] or None
         self._closed = False
@@ -108,6 +121,12 @@ class ClickHouseConnection:
     def command(self, sql: str) -> None:
         """Run one statement that returns nothing (DDL, INSERT)."""
         self._command(sql)
+
+    def insert_json_rows(self, lines: Sequence[str]) -> None:
+        """Insert rows into :attr:`table`: one JSONEachRow text per row, Nested columns as
+        dotted arrays (``Events.Name``), as one batch."""
+        if lines:
+            self._insert(self.table, "\n".join(lines).encode("utf-8"))
 
     def attach(self, *, create_table: bool = False) -> None:
         """Create treellm's views over :attr:`table` (and the table itself with the exporter's
@@ -129,6 +148,11 @@ class ClickHouseConnection:
         if not self._closed:
             self._closed = True
             self._close()
+
+
+# JSONEachRow with Nested columns written as dotted arrays (``Events.Name``), as the exporter's rows.
+_INSERT_SETTINGS: Final = {"input_format_import_nested_json": 1}
+_INSERT_FORMAT: Final = "SETTINGS input_format_import_nested_json = 1 FORMAT JSONEachRow"
 
 
 def _chdb(path: str, table: str) -> ClickHouseConnection:
@@ -153,7 +177,10 @@ def _chdb(path: str, table: str) -> ClickHouseConnection:
     def use(database: str) -> None:
         session.query(f"USE {database}")
 
-    return ClickHouseConnection(query, command, session.close, use=use, table=table)
+    def insert(target: str, body: bytes) -> None:
+        session.query(f"INSERT INTO {target} {_INSERT_FORMAT}\n" + body.decode("utf-8"))
+
+    return ClickHouseConnection(query, command, session.close, use=use, insert=insert, table=table)
 
 
 def _server(url: str, table: str) -> ClickHouseConnection:
@@ -164,7 +191,7 @@ def _server(url: str, table: str) -> ClickHouseConnection:
     try:
         client = clickhouse_connect.get_client(dsn=url)
     except Exception as exc:  # the driver's OperationalError / DatabaseError
-        raise StoreError(f"cannot connect to ClickHouse at {url}: {exc}", path=url) from exc
+        raise StoreError(f"cannot connect to ClickHouse at {display_url(url)}: {exc}", path=display_url(url)) from exc
 
     def query(sql: str, params: dict[str, Any]) -> pd.DataFrame:
         frame: pd.DataFrame = client.query_df(sql, parameters=params or None)
@@ -176,7 +203,10 @@ def _server(url: str, table: str) -> ClickHouseConnection:
     def use(database: str) -> None:
         client.database = database
 
-    return ClickHouseConnection(query, command, client.close, use=use, table=table)
+    def insert(target: str, body: bytes) -> None:
+        client.raw_insert(target, insert_block=body, settings=_INSERT_SETTINGS, fmt="JSONEachRow")
+
+    return ClickHouseConnection(query, command, client.close, use=use, insert=insert, table=table)
 
 
 def open_clickhouse(
@@ -193,7 +223,9 @@ def open_clickhouse(
     elif target.startswith(("http://", "https://")):
         con = _server(target, table)
     else:
-        raise ConfigError(f"expected a ClickHouse URL such as http://localhost:8123 or chdb:./traces, got {target!r}")
+        raise ConfigError(
+            f"expected a ClickHouse URL such as http://localhost:8123 or chdb:./traces, got {display_url(target)!r}"
+        )
     try:
         con.attach(create_table=create_table)
     except Exception:

@@ -10,23 +10,49 @@ Hard rules: a Map lookup of a missing key gives ``''`` in ClickHouse, so every o
 attribute is read through ``mapContains`` (NULL when absent, as in DuckDB); ``runs``
 aggregates with ``join_use_nulls = 1`` so that unmatched LEFT JOIN rows read NULL.
 
-Not covered: the columns treellm derives in Python at ingest for *foreign* spans (spans
-of other frameworks without ``treellm.*`` attributes: run ids, node trees, signatures,
-ordinals with the state-change rule, ``convention``, ``internal``). Over ClickHouse
-those columns are NULL, so foreign spans appear in ``spans`` but not in ``runs`` or the
-repeat analysis. treellm's own spans carry them as attributes and work fully.
+Rows written by ``treellm ingest --clickhouse`` (trajectories, SDK dumps, other
+frameworks' traces in files) carry what ingest derived as ``treellm.derived.<column>``
+attributes and the marker ``treellm.derived.source``; a marked row's columns are read
+from those attributes only (:data:`DERIVED_COLUMNS`), so they report what DuckDB
+reports. Not covered: *foreign* spans that the Collector writes itself (other
+frameworks' spans without ``treellm.*`` attributes, sent straight to the Collector):
+their run ids, node trees, signatures and ordinals with the state-change rule need the
+conventions, the canonical argument text and the shell classifier, which are not in
+ClickHouse SQL; they appear in ``spans`` but not in ``runs`` or the repeat analysis.
+treellm's own spans carry their columns as attributes and work fully.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Final
 
 from treellm.store.transform import PROMOTED_KEYS
 
-__all__ = ["DEFAULT_TABLE", "OTEL_TRACES_DDL", "VIEW_NAMES", "view_statements"]
+__all__ = [
+    "DEFAULT_TABLE", "DERIVED_COLUMNS", "DERIVED_PREFIX", "OTEL_TRACES_DDL", "SOURCE_KEY", "VIEW_NAMES",
+    "view_statements",
+]  # fmt: skip
 
 DEFAULT_TABLE: Final = "otel_traces"
+# ``treellm ingest --clickhouse`` (``clickhouse_ingest``) writes what ingest derived for a span as
+# these attributes, and marks the row with SOURCE_KEY (the file it came from).
+DERIVED_PREFIX: Final = "treellm.derived."
+SOURCE_KEY: Final = DERIVED_PREFIX + "source"
+
+# The spans table's columns that ingest fills (promoted from attributes for treellm's own
+# spans, derived by the conventions and trees for other frameworks' spans), by type.
+DERIVED_COLUMNS: Final[dict[str, str]] = {
+    "operation": "text", "agent_name": "text", "model": "text", "run_id": "text", "node_id": "text",
+    "node_kind": "text", "node_depth": "int32", "node_parent_id": "text", "node_status": "text",
+    "skill_name": "text", "skill_stack": "text", "tool_name": "text", "tool_call_id": "text",
+    "signature": "text", "ordinal": "int32", "limit_n": "int32", "limit_source": "text", "result_hash": "text",
+    "attempts": "int32", "shadow_caught": "bool", "arguments": "text", "result": "text", "input_tokens": "int64",
+    "output_tokens": "int64", "outcome": "text", "orphan_parent": "text", "earlier_node_ids": "text",
+    "convention": "text", "internal": "bool", "anchor_node_id": "text",
+}  # fmt: skip
+
 VIEW_NAMES: Final = ("spans", "nodes", "tool_calls", "loop_events", "runs")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?")
 
@@ -90,8 +116,66 @@ def _boolean(expr: str) -> str:
     return f"multiIf(lower({expr}) IN ('true', 't', '1'), true, lower({expr}) IN ('false', 'f', '0'), false, NULL)"
 
 
+_MARKED = f"mapContains(SpanAttributes, '{SOURCE_KEY}')"
+_CONVERT: Final[dict[str, Callable[[str], str]]] = {
+    "int32": lambda e: f"toInt32OrNull({e})",
+    "int64": lambda e: f"toInt64OrNull({e})",
+    "bool": _boolean,
+    "text": lambda e: e,
+}
+
+
+def _derived(column: str, expression: str) -> str:
+    """``column`` of a row that ``treellm ingest --clickhouse`` wrote: what ingest derived
+    (NULL when it derived nothing), else what the span's own attributes say."""
+    value = _CONVERT[DERIVED_COLUMNS[column]](_a(DERIVED_PREFIX + column))
+    return f"if({_MARKED}, {value}, {expression}) AS {column}"
+
+
+_INPUT_TOKENS = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt")
+_OUTPUT_TOKENS = ("gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens", "llm.token_count.completion")
+
+
 def _spans(table: str) -> str:
     promoted = "[" + ", ".join(f"'{k}'" for k in PROMOTED_KEYS) + "]"
+    own = {
+        "operation": _a("gen_ai.operation.name"),
+        "agent_name": _co("gen_ai.agent.name", "agent.name"),
+        "model": _co("gen_ai.request.model", "gen_ai.response.model", "llm.model_name"),
+        "run_id": _a("treellm.run.id"),
+        "node_id": _a("treellm.node.id"),
+        "node_kind": _a("treellm.node.kind"),
+        "node_depth": f"toInt32OrNull({_a('treellm.node.depth')})",
+        "node_parent_id": f"nullIf({_a('treellm.node.parent_id')}, '')",
+        "node_status": _a("treellm.node.status"),
+        "skill_name": _a("treellm.skill.name"),
+        "skill_stack": _a("treellm.node.skill_stack"),
+        "tool_name": f"""coalesce({_a("gen_ai.tool.name")},
+             if(SpanAttributes['gen_ai.operation.name'] = 'execute_tool' AND startsWith(name, 'execute_tool '),
+                substring(name, 14), NULL))""",
+        "tool_call_id": _a("gen_ai.tool.call.id"),
+        "signature": _a("treellm.tool.signature"),
+        "ordinal": f"toInt32OrNull({_a('treellm.tool.ordinal')})",
+        "limit_n": f"toInt32OrNull({_a('treellm.tool.limit')})",
+        "limit_source": _a("treellm.tool.limit_source"),
+        "result_hash": _a("treellm.tool.result_hash"),
+        "attempts": f"toInt32OrNull({_a('treellm.tool.attempts')})",
+        "shadow_caught": _boolean(_a("treellm.tool.shadow_caught")),
+        "arguments": _a("gen_ai.tool.call.arguments"),
+        "result": _a("gen_ai.tool.call.result"),
+        "input_tokens": f"toInt64OrNull({_co(*_INPUT_TOKENS)})",
+        "output_tokens": f"toInt64OrNull({_co(*_OUTPUT_TOKENS)})",
+        "outcome": _a("treellm.run.outcome"),
+        "orphan_parent": _a("treellm.ingest.orphan_parent"),
+        "earlier_node_ids": _a("treellm.tool.earlier_node_ids"),
+        "convention": "CAST(NULL AS Nullable(String))",
+        "internal": "CAST(NULL AS Nullable(Bool))",
+        "anchor_node_id": "CAST(NULL AS Nullable(String))",
+    }
+    columns = ",\n    ".join(_derived(c, own[c]) for c in DERIVED_COLUMNS)
+    attributes = f"""mapFilter((k, v) -> NOT startsWith(k, '{DERIVED_PREFIX}'),
+           if(mapContains(SpanAttributes, 'treellm.run.id'),
+              mapFilter((k, v) -> NOT has({promoted}, k), SpanAttributes), SpanAttributes))"""
     return f"""
 CREATE OR REPLACE VIEW spans AS
 SELECT
@@ -106,44 +190,11 @@ SELECT
                    StatusCode IN ('Ok', 'STATUS_CODE_OK'), 1, 0)) AS status_code,
     nullIf(StatusMessage, '') AS status_message,
     if(ServiceName = '', 'unknown_service', toString(ServiceName)) AS service_name,
-    toDate(Timestamp) AS day, 'clickhouse' AS source,
-    {_a("gen_ai.operation.name")} AS operation,
-    {_co("gen_ai.agent.name", "agent.name")} AS agent_name,
-    {_co("gen_ai.request.model", "gen_ai.response.model", "llm.model_name")} AS model,
-    {_a("treellm.run.id")} AS run_id,
-    {_a("treellm.node.id")} AS node_id,
-    {_a("treellm.node.kind")} AS node_kind,
-    toInt32OrNull({_a("treellm.node.depth")}) AS node_depth,
-    nullIf({_a("treellm.node.parent_id")}, '') AS node_parent_id,
-    {_a("treellm.node.status")} AS node_status,
-    {_a("treellm.skill.name")} AS skill_name,
-    {_a("treellm.node.skill_stack")} AS skill_stack,
-    coalesce({_a("gen_ai.tool.name")},
-             if(operation = 'execute_tool' AND startsWith(name, 'execute_tool '), substring(name, 14), NULL))
-        AS tool_name,
-    {_a("gen_ai.tool.call.id")} AS tool_call_id,
-    {_a("treellm.tool.signature")} AS signature,
-    toInt32OrNull({_a("treellm.tool.ordinal")}) AS ordinal,
-    toInt32OrNull({_a("treellm.tool.limit")}) AS limit_n,
-    {_a("treellm.tool.limit_source")} AS limit_source,
-    {_a("treellm.tool.result_hash")} AS result_hash,
-    toInt32OrNull({_a("treellm.tool.attempts")}) AS attempts,
-    {_boolean(_a("treellm.tool.shadow_caught"))} AS shadow_caught,
-    {_a("gen_ai.tool.call.arguments")} AS arguments,
-    {_a("gen_ai.tool.call.result")} AS result,
-    toInt64OrNull({_co("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt")})
-        AS input_tokens,
-    toInt64OrNull({_co("gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens", "llm.token_count.completion")})
-        AS output_tokens,
-    {_a("treellm.run.outcome")} AS outcome,
-    {_a("treellm.ingest.orphan_parent")} AS orphan_parent,
-    if(mapContains(SpanAttributes, 'treellm.run.id'),
-       mapFilter((k, v) -> NOT has({promoted}, k), SpanAttributes), SpanAttributes) AS attributes,
+    toDate(Timestamp) AS day,
+    if({_MARKED}, SpanAttributes['{SOURCE_KEY}'], 'clickhouse') AS source,
+    {columns},
+    {attributes} AS attributes,
     ResourceAttributes AS resource_attributes, ScopeName AS scope_name, ScopeVersion AS scope_version,
-    {_a("treellm.tool.earlier_node_ids")} AS earlier_node_ids,
-    CAST(NULL AS Nullable(String)) AS convention,
-    CAST(NULL AS Nullable(Bool)) AS internal,
-    CAST(NULL AS Nullable(String)) AS anchor_node_id,
     Events.Name AS event_names, Events.Timestamp AS event_times, Events.Attributes AS event_attributes
 FROM {table}
 """

@@ -1,0 +1,160 @@
+"""``treellm ingest --clickhouse``: files the Collector cannot read, into ``otel_traces``.
+
+Trajectories, SDK span dumps, OTLP files and other frameworks' traces are read by the
+DuckDB ingest (one validator, the conventions, runs and trees, signatures and ordinals
+with the state-change rule) into a private store in a temporary folder; its spans are
+then written into the ClickHouse table as the Collector's exporter writes rows, each
+carrying what ingest derived as ``treellm.derived.<column>`` attributes and the marker
+``treellm.derived.source`` (the file it came from). The views
+(:mod:`treellm.store.clickhouse_views`) read a marked row's columns from those attributes
+only, so ClickHouse reports exactly what DuckDB reports for the same files.
+
+Hard rules: the rows are built by DuckDB (``to_json`` per span, events and links as the
+exporter's Nested arrays), never span by span in Python; a span already in the table
+(same trace and span id) is not written again; a failure before the first insert
+writes nothing, and each insert is one batch of whole spans.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Final
+
+import duckdb
+
+from treellm.store.clickhouse import ClickHouseConnection
+from treellm.store.clickhouse_views import DERIVED_COLUMNS, DERIVED_PREFIX, SOURCE_KEY
+from treellm.store.ingest import IngestReport, InputFormatChoice, ingest
+
+__all__ = ["ingest_clickhouse", "rows_sql"]
+
+BATCH_SPANS: Final = 5000
+_TRACE_CHUNK: Final = 1000
+
+
+def _timestamp(ns: str) -> str:
+    """DuckDB text of a ClickHouse ``DateTime64(9)`` for the nanoseconds ``ns`` (UTC)."""
+    return (
+        f"strftime(make_timestamp({ns} // 1000), '%Y-%m-%d %H:%M:%S') || '.' "
+        f"|| lpad(CAST({ns} % 1000000000 AS VARCHAR), 9, '0')"
+    )
+
+
+def _text(column: str, kind: str) -> str:
+    if kind == "bool":
+        return f"CASE WHEN s.{column} THEN 'true' WHEN NOT s.{column} THEN 'false' END"
+    return f"CAST(s.{column} AS VARCHAR)"
+
+
+def rows_sql() -> str:
+    """One JSONEachRow line per span of the DuckDB store not in ``existing(trace_id, span_id)``
+    (pure: SQL text)."""
+    entries = ", ".join(
+        f"struct_pack(k := '{DERIVED_PREFIX}{c}', v := {_text(c, kind)})" for c, kind in DERIVED_COLUMNS.items()
+    )
+    derived = (
+        f"map_from_entries(list_filter([struct_pack(k := '{SOURCE_KEY}', v := coalesce(s.source, '')), {entries}], "
+        "lambda e: e.v IS NOT NULL))"
+    )
+    return f"""
+WITH ev AS (
+    SELECT trace_id, span_id,
+        list({_timestamp("coalesce(e.time_ns, 0)")} ORDER BY event_index) AS times,
+        list(e.name ORDER BY event_index) AS names,
+        list(coalesce(e.attributes, MAP {{}}::MAP(VARCHAR, VARCHAR)) ORDER BY event_index) AS attrs
+    FROM span_events e GROUP BY trace_id, span_id
+),
+lk AS (
+    SELECT trace_id, span_id,
+        list(l.linked_trace_id ORDER BY link_index) AS traces, list(l.linked_span_id ORDER BY link_index) AS spans,
+        list(coalesce(l.attributes, MAP {{}}::MAP(VARCHAR, VARCHAR)) ORDER BY link_index) AS attrs
+    FROM span_links l GROUP BY trace_id, span_id
+)
+SELECT to_json(struct_pack(
+    "Timestamp" := {_timestamp("s.start_ns")},
+    "TraceId" := s.trace_id, "SpanId" := s.span_id, "ParentSpanId" := coalesce(s.parent_span_id, ''),
+    "TraceState" := '', "SpanName" := s.name,
+    "SpanKind" := CASE s.kind WHEN 1 THEN 'Internal' WHEN 2 THEN 'Server' WHEN 3 THEN 'Client'
+                              WHEN 4 THEN 'Producer' WHEN 5 THEN 'Consumer' ELSE 'Unspecified' END,
+    "ServiceName" := s.service_name,
+    "ResourceAttributes" := coalesce(s.resource_attributes, MAP {{}}::MAP(VARCHAR, VARCHAR)),
+    "ScopeName" := coalesce(s.scope_name, ''), "ScopeVersion" := coalesce(s.scope_version, ''),
+    "SpanAttributes" := map_concat(coalesce(s.attributes, MAP {{}}::MAP(VARCHAR, VARCHAR)), {derived}),
+    "Duration" := greatest(s.end_ns - s.start_ns, 0),
+    "StatusCode" := CASE s.status_code WHEN 1 THEN 'Ok' WHEN 2 THEN 'Error' ELSE 'Unset' END,
+    "StatusMessage" := coalesce(s.status_message, ''),
+    "Events.Timestamp" := coalesce(ev.times, []), "Events.Name" := coalesce(ev.names, []),
+    "Events.Attributes" := coalesce(ev.attrs, []),
+    "Links.TraceId" := coalesce(lk.traces, []), "Links.SpanId" := coalesce(lk.spans, []),
+    "Links.TraceState" := list_transform(coalesce(lk.traces, []), lambda x: ''),
+    "Links.Attributes" := coalesce(lk.attrs, [])
+)) AS line
+FROM spans s
+LEFT JOIN ev USING (trace_id, span_id)
+LEFT JOIN lk USING (trace_id, span_id)
+WHERE NOT EXISTS (SELECT 1 FROM existing x WHERE x.trace_id = s.trace_id AND x.span_id = s.span_id)
+ORDER BY s.trace_id, s.start_ns, s.span_id
+"""
+
+
+def _existing(con: duckdb.DuckDBPyConnection, ch: ClickHouseConnection) -> int:
+    """Fill ``existing`` with the (trace, span) ids already in the ClickHouse table for the
+    store's traces; returns how many."""
+    con.execute("CREATE TEMP TABLE existing (trace_id VARCHAR, span_id VARCHAR)")
+    traces = [t for (t,) in con.execute("SELECT DISTINCT trace_id FROM spans ORDER BY 1").fetchall()]
+    for start in range(0, len(traces), _TRACE_CHUNK):
+        chunk = traces[start : start + _TRACE_CHUNK]
+        found = ch.df(f"SELECT TraceId AS trace_id, SpanId AS span_id FROM {ch.table} WHERE has(?, TraceId)", [chunk])
+        if len(found):
+            con.register("found_frame", found)
+            con.execute("INSERT INTO existing SELECT trace_id, span_id FROM found_frame")
+            con.unregister("found_frame")
+    count: int = con.execute("SELECT count(*) FROM existing").fetchone()[0]  # type: ignore[index]
+    return count
+
+
+def _batches(con: duckdb.DuckDBPyConnection) -> Iterator[list[str]]:
+    cursor = con.execute(rows_sql())
+    while rows := cursor.fetchmany(BATCH_SPANS):
+        yield [line for (line,) in rows]
+
+
+def ingest_clickhouse(
+    ch: ClickHouseConnection,
+    paths: Sequence[str | os.PathLike[str]],
+    input_format: InputFormatChoice = "auto",
+    *,
+    skip_bad: bool = False,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> IngestReport:
+    """Ingest files into ``ch``'s spans table; the report counts the spans written (a span
+    already in the table is a duplicate)."""
+    with tempfile.TemporaryDirectory(prefix="treellm-ch-ingest-") as folder:
+        db = Path(folder) / "ingest.duckdb"
+        report = ingest(db, paths, input_format, skip_bad=skip_bad, progress=progress)
+        con = duckdb.connect(str(db))
+        try:
+            present = _existing(con, ch)
+            runs: int = con.execute(
+                "SELECT count(*) FROM runs r WHERE NOT EXISTS "
+                "(SELECT 1 FROM existing x WHERE x.trace_id = r.trace_id AND x.span_id = r.span_id)"
+            ).fetchone()[0]  # type: ignore[index]
+            written = 0
+            for lines in _batches(con):
+                ch.insert_json_rows(lines)
+                written += len(lines)
+        finally:
+            con.close()
+    return IngestReport(
+        files=report.files,
+        spans=written,
+        runs=runs,
+        skipped=report.skipped,
+        duplicates=report.duplicates + present,
+        empty_files=report.empty_files,
+        bad_records=report.bad_records,
+        details=report.details,
+    )
