@@ -28,9 +28,6 @@ Contract:
 
 from __future__ import annotations
 
-import ast
-import functools
-import json
 import os
 import shutil
 import tempfile
@@ -42,31 +39,23 @@ from typing import Any, Literal
 
 import duckdb
 import orjson
-import pandas as pd
 
 from treellm import settings
-from treellm.engine import repeats
-from treellm.engine.tools import result_hash
 from treellm.errors import IngestError, StoreError
 from treellm.exporters.jsonl import end_of_last_line
 from treellm.otlp import Normalized, StructureError, json_line, normalize_traces_data
-from treellm.signature import RawArguments, canonical_json, hash_text, parse_arguments, signature
 from treellm.store.connection import open_store
+from treellm.store.foreign import finish_foreign as _finish_foreign
+from treellm.store.foreign import internal_tools  # noqa: F401  (read here by callers of ingest)
 from treellm.store.formats import InputFormat, detect_format, iter_records
 from treellm.store.schema import SPAN_COLUMNS
 from treellm.store.transform import MACROS, READ_COLUMNS, VALIDATE_SQL, stage_sql
-from treellm.store.trees import SpanFacts, place_traces
-from treellm.telemetry import conventions
 
 __all__ = ["BadRecord", "FileReport", "IngestReport", "InputFormatChoice", "ingest", "ingest_file"]
 
 InputFormatChoice = Literal["auto", InputFormat]  # the names of treellm.store.formats.FORMATS
 MAX_LINE_BYTES = 64 * 1024 * 1024
 MEMORY_LIMIT = settings.get(settings.TREELLM_INGEST_MEMORY_LIMIT)  # read once, at import
-DEFAULT_INTERNAL = frozenset(conventions.DEFAULT_INTERNAL_TOOLS)
-_DEFAULT_RULE = repeats.ToolRule()
-"""Other frameworks' calls are judged by the default rule: the shell classifier for shell
-tools, the default failure patterns on results (``docs/architecture.md``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,182 +233,6 @@ def _insert_staged(con: duckdb.DuckDBPyConnection) -> tuple[int, int]:
 def _count(con: duckdb.DuckDBPyConnection, sql: str) -> int:
     row = con.execute(sql).fetchone()
     return int(row[0]) if row else 0
-
-
-def _arguments_value(text: str) -> Any:
-    """Arguments as other frameworks record them: JSON text, else a Python literal, else raw."""
-    value = parse_arguments(text)
-    if isinstance(value, RawArguments):
-        try:
-            literal = ast.literal_eval(text)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            return value
-        if isinstance(literal, dict | list):
-            return literal
-    return value
-
-
-_FOREIGN_OPERATIONS = {"tool": "execute_tool", "llm": "chat", "agent": "invoke_agent"}
-
-
-@functools.lru_cache(maxsize=65_536)
-def _canonical(arguments: str) -> tuple[Any, str]:
-    """(the parsed value, its canonical text) of recorded argument text (pure, memoised:
-    an agent's repeats and a trace placed again reuse them)."""
-    value = _arguments_value(arguments)
-    return value, canonical_json(value)
-
-
-def _read_foreign(con: duckdb.DuckDBPyConnection, internal_tools: frozenset[str]) -> list[str]:
-    """Read the new spans of other frameworks through their conventions; returns their traces."""
-    rows = con.execute(
-        "SELECT f.trace_id, f.span_id, f.name, f.status_code, map_keys(f.attributes), map_values(f.attributes), "
-        "       (SELECT list(e.name) FROM span_events e WHERE e.trace_id = f.trace_id AND e.span_id = f.span_id "
-        "        AND NOT (e.name = 'loop:detected' AND coalesce(e.attributes['treellm.loop.shadow'], '') = 'true')) "
-        "FROM fresh f WHERE f.run_id IS NULL AND f.node_kind IS NULL"
-    ).fetchall()
-    if not rows:
-        return []
-    out = []
-    for trace, span, name, status, keys, values, events in rows:
-        facts = conventions.read_span(
-            name, dict(zip(keys or (), values or (), strict=True)), status_code=status or 0, event_names=events or ()
-        )
-        if facts.role == "tool" and _CAUGHT in (events or ()):
-            # an instrumentor's span of a call that LoopGuard caught: it did not run, the event says so
-            facts = conventions.ForeignSpan(role="other", family=facts.family)
-        sig = digest = None
-        internal = facts.tool_name in internal_tools if facts.tool_name else None
-        failed = facts.failed or (
-            facts.role == "tool" and facts.result is not None and repeats.is_failure(_DEFAULT_RULE, facts.result)
-        )
-        if facts.role == "tool" and facts.tool_name:
-            sig = f"{facts.tool_name}:{hash_text(_canonical(facts.arguments or '')[1])}"
-            digest = result_hash(facts.result) if facts.result is not None else None
-        out.append(
-            (trace, span, facts.family or "otel", _FOREIGN_OPERATIONS.get(facts.role), facts.tool_name,
-             facts.call_id, facts.arguments, facts.result, sig, digest, facts.model, facts.agent_name,
-             internal, failed)
-        )  # fmt: skip
-    frame = pd.DataFrame(
-        out,
-        columns=["trace_id", "span_id", "convention", "operation", "tool_name", "tool_call_id", "arguments",
-                 "result", "signature", "result_hash", "model", "agent_name", "internal", "failed"],
-    )  # fmt: skip
-    con.register("foreign_updates", frame)
-    con.execute(
-        "UPDATE spans SET convention = u.convention, operation = u.operation, tool_name = u.tool_name, "
-        "tool_call_id = u.tool_call_id, arguments = u.arguments, result = u.result, signature = u.signature, "
-        "result_hash = u.result_hash, model = coalesce(spans.model, u.model), "
-        "agent_name = coalesce(spans.agent_name, u.agent_name), internal = u.internal, "
-        "node_status = CASE WHEN u.failed AND u.operation = 'execute_tool' THEN 'failed' END "
-        "FROM foreign_updates u WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id"
-    )
-    con.unregister("foreign_updates")
-    return sorted({row[0] for row in out})
-
-
-def internal_tools() -> frozenset[str]:
-    """Framework-internal tool names: ``TREELLM_INTERNAL_TOOLS`` (comma-separated; empty for
-    none) else :data:`treellm.telemetry.conventions.DEFAULT_INTERNAL_TOOLS`."""
-    names = settings.get(settings.TREELLM_INTERNAL_TOOLS)
-    return DEFAULT_INTERNAL if names is None else frozenset(names)
-
-
-def _finish_foreign(con: duckdb.DuckDBPyConnection, internal: frozenset[str] | None = None) -> None:
-    """Conventions, runs, trees and ordinals for new spans from other frameworks.
-
-    Whole traces are placed again whenever one of their spans arrives, so spans stored
-    before their run's root (a batch exporter sends children first) move to that run.
-    """
-    traces = _read_foreign(con, internal_tools() if internal is None else internal)
-    if not traces:
-        return
-    con.register("foreign_traces", pd.DataFrame({"trace_id": traces}))
-    rows = con.execute(
-        "SELECT trace_id, span_id, parent_span_id, start_ns, end_ns, operation, tool_name, arguments, "
-        "       coalesce(internal, false), agent_name, orphan_parent IS NOT NULL AND parent_span_id IS NULL, "
-        "       status_code = 2 OR node_status = 'failed' "
-        "FROM spans JOIN foreign_traces USING (trace_id)"
-    ).fetchall()
-    foreign = {
-        (t, s) for t, s in con.execute(
-            "SELECT trace_id, span_id FROM spans JOIN foreign_traces USING (trace_id) WHERE convention IS NOT NULL"
-        ).fetchall()
-    }  # fmt: skip
-    rows = _keyed_from_parents(con, rows)
-    con.unregister("foreign_traces")
-    facts = [
-        SpanFacts(
-            trace_id=trace, span_id=span, parent_id=parent, start_ns=start, end_ns=end,
-            role=_ROLES.get(operation or "", "other"),
-            call_key=(f"{tool}\x00{_canonical(args or '')[1]}"
-                      if tool is not None and operation == "execute_tool" and not internal else None),
-            agent_name=agent, flagged_orphan=flagged,
-            changes_state=(tool is not None and operation == "execute_tool" and not internal and not failed
-                           and repeats.changes_state(_DEFAULT_RULE, tool, _canonical(args or "")[0])),
-        )
-        for trace, span, parent, start, end, operation, tool, args, internal, agent, flagged, failed in rows
-    ]  # fmt: skip
-    placed = [p for p in place_traces(facts) if (p.trace_id, p.span_id) in foreign]
-    frame = pd.DataFrame(
-        [
-            (p.trace_id, p.span_id, p.run_id, p.node_kind, p.node_parent_id, p.depth, p.ordinal,
-             json.dumps(list(p.earlier)) if p.earlier else None, p.orphan, p.anchor)
-            for p in placed
-        ],
-        columns=["trace_id", "span_id", "run_id", "node_kind", "node_parent_id", "node_depth", "ordinal",
-                 "earlier_node_ids", "orphan", "anchor_node_id"],
-    ).astype({"node_depth": "Int64", "ordinal": "Int64"})  # fmt: skip
-    con.register("run_updates", frame)
-    con.execute(
-        "UPDATE spans SET run_id = u.run_id, node_kind = u.node_kind, node_parent_id = u.node_parent_id, "
-        "node_depth = u.node_depth, ordinal = u.ordinal, earlier_node_ids = u.earlier_node_ids, "
-        "anchor_node_id = u.anchor_node_id, "
-        "orphan_parent = CASE WHEN u.orphan THEN coalesce(spans.orphan_parent, spans.parent_span_id, '') "
-        "                     WHEN spans.parent_span_id IS NULL THEN spans.orphan_parent END "
-        "FROM run_updates u WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id"
-    )
-    con.unregister("run_updates")
-
-
-_ROLES = {"execute_tool": "tool", "chat": "llm", "invoke_agent": "agent"}
-_CAUGHT = "loop:detected"
-
-
-def _keyed_from_parents(con: duckdb.DuckDBPyConnection, rows: list[Any]) -> list[Any]:
-    """Tool spans that record a bare value (LangChain's single-argument tools) take their
-    keyed arguments and call id from the parent that records the call, once it is stored."""
-    bare = [
-        (r[0], r[1], r[2], r[6]) for r in rows
-        if r[5] == "execute_tool" and r[2] is not None and not (r[7] or "").lstrip().startswith("{")
-    ]  # fmt: skip
-    if not bare:
-        return rows
-    con.register("bare_calls", pd.DataFrame(bare, columns=["trace_id", "span_id", "parent_id", "tool"]))
-    parents = con.execute(
-        "SELECT b.trace_id, b.span_id, b.tool, map_keys(p.attributes), map_values(p.attributes) FROM bare_calls b "
-        "JOIN spans p ON p.trace_id = b.trace_id AND p.span_id = b.parent_id"
-    ).fetchall()
-    con.unregister("bare_calls")
-    found: dict[tuple[str, str], tuple[str, str | None, str]] = {}
-    for trace, span, tool, keys, values in parents:
-        call = conventions.parent_call(dict(zip(keys or (), values or (), strict=True)), tool)
-        if call is not None:
-            found[(trace, span)] = (call[0], call[1], signature(tool, _arguments_value(call[0])))
-    if not found:
-        return rows
-    frame = pd.DataFrame(
-        [(t, s, a, c, g) for (t, s), (a, c, g) in found.items()],
-        columns=["trace_id", "span_id", "arguments", "tool_call_id", "signature"],
-    )
-    con.register("keyed_calls", frame)
-    con.execute(
-        "UPDATE spans SET arguments = u.arguments, tool_call_id = coalesce(spans.tool_call_id, u.tool_call_id), "
-        "signature = u.signature FROM keyed_calls u WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id"
-    )
-    con.unregister("keyed_calls")
-    return [(*r[:7], found[(r[0], r[1])][0], *r[8:]) if (r[0], r[1]) in found else r for r in rows]
 
 
 @contextmanager

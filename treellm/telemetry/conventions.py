@@ -28,6 +28,7 @@ the next candidate is tried. Arguments are the call's *values*: a JSON schema
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -62,6 +63,7 @@ OPERATION: Final = sc.GEN_AI_OPERATION_NAME
 OPENINFERENCE_KIND: Final = "openinference.span.kind"
 TRACELOOP_KIND: Final = "traceloop.span.kind"
 LOGFIRE_MESSAGE: Final = "logfire.msg"
+LOGFIRE_SPAN_TYPE: Final = "logfire.span_type"
 
 TOOL_OPERATIONS: Final = frozenset({"execute_tool"})
 LLM_OPERATIONS: Final = frozenset({"chat", "text_completion", "generate_content", "call_llm", "completion"})
@@ -110,6 +112,20 @@ OUTPUT_TOKEN_KEYS: Final = (
 )
 EXCEPTION_EVENT: Final = "exception"
 
+READ_KEYS: Final = frozenset(
+    {OPERATION, OPENINFERENCE_KIND, TRACELOOP_KIND, TRACELOOP_NAME, _TRACELOOP_LLM_TYPE, LOGFIRE_MESSAGE,
+     LOGFIRE_SPAN_TYPE, *TOOL_NAME_KEYS, *CALL_ID_KEYS, *ARGUMENT_KEYS, *RESULT_KEYS, *MODEL_KEYS, *AGENT_NAME_KEYS}
+)  # fmt: skip
+"""Every attribute :func:`read_span` looks up by name (its value or its presence)."""
+PRESENCE_PREFIXES: Final = ("gen_ai.", *_OPENINFERENCE_MODEL_CALL)
+"""The key prefixes whose presence :func:`read_span` asks about (any key starting with one).
+
+:func:`read_span`'s answer is a function of the span's name, status code, whether
+``exception`` is among its event names, the items of :data:`READ_KEYS` and, for each
+prefix here, whether some key starts with it: nothing else of the attributes. So a reader
+may hand it only those items plus one key per prefix present (the prefix itself, which is
+never looked up by name), and equal such inputs have equal answers (the store memoises them)."""
+
 DEFAULT_INTERNAL_TOOLS: Final = ("final_answer", "final_result")
 """Framework-internal tools (smolagents' ``final_answer``, pydantic-ai's output tool
 ``final_result``): marked ``internal`` at ingest and left out of counts and tuning."""
@@ -139,7 +155,7 @@ def family(attributes: Mapping[str, str]) -> str | None:
         return "openinference"
     if TRACELOOP_KIND in attributes or TRACELOOP_NAME in attributes:
         return "traceloop"
-    if LOGFIRE_MESSAGE in attributes or "logfire.span_type" in attributes:
+    if LOGFIRE_MESSAGE in attributes or LOGFIRE_SPAN_TYPE in attributes:
         return "logfire"
     if any(key.startswith("gen_ai.") for key in attributes):
         return "genai"
@@ -245,15 +261,30 @@ def _argument_value(key: str, text: str) -> tuple[Any | None, str | None]:
     return value, call_id
 
 
-def _arguments(attributes: Mapping[str, str]) -> tuple[str | None, str | None]:
-    for key in ARGUMENT_KEYS:
-        text = attributes.get(key)
-        if text in (None, ""):
+_MEMO_CHARS: Final = 4096
+"""Texts up to this long are read once per distinct text (memoised: a span's facts are a pure
+function of its texts, and an agent's repeated calls and results repeat them); longer ones
+are read afresh, so the memos stay small (at most 8,192 entries each)."""
+
+
+def _arguments_of(candidates: tuple[str | None, ...]) -> tuple[str | None, str | None]:
+    for key, text in zip(ARGUMENT_KEYS, candidates, strict=True):
+        if text is None or text == "":
             continue
         value, call_id = _argument_value(key, text)
         if value is not None:
             return _dump(value), call_id
     return None, None
+
+
+_arguments_memo = functools.lru_cache(maxsize=8192)(_arguments_of)
+
+
+def _arguments(attributes: Mapping[str, str]) -> tuple[str | None, str | None]:
+    candidates = tuple(attributes.get(key) for key in ARGUMENT_KEYS)
+    if sum(len(text) for text in candidates if text is not None) <= _MEMO_CHARS:
+        return _arguments_memo(candidates)
+    return _arguments_of(candidates)
 
 
 def _langchain_message(value: Any) -> tuple[Any, str | None] | None:
@@ -313,11 +344,14 @@ def unwrap_result(text: str) -> tuple[str, str | None]:
     return (text if isinstance(_loads(text), str) else _dump(value)), None
 
 
+_unwrap_memo = functools.lru_cache(maxsize=8192)(unwrap_result)
+
+
 def _result(attributes: Mapping[str, str]) -> tuple[str | None, str | None]:
     text = _first(attributes, RESULT_KEYS)
     if text is None:
         return None, None
-    return unwrap_result(text)
+    return _unwrap_memo(text) if len(text) <= _MEMO_CHARS else unwrap_result(text)
 
 
 def _tool_name(name: str, attributes: Mapping[str, str]) -> str | None:

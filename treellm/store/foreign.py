@@ -1,0 +1,362 @@
+"""The placement of other frameworks' spans: conventions, runs, trees and ordinals, inside an ingest.
+
+Contract: :func:`finish_foreign` runs inside the caller's transaction, over the temporary
+view ``fresh`` (the spans an ingest has just inserted), and writes the columns that
+:mod:`treellm.telemetry.conventions` and :mod:`treellm.store.trees` derive for them; it
+never commits, and it raises whatever DuckDB raises. The rules are theirs; this module
+only moves data, so that the work done per span in Python is as small as the rules allow:
+
+- DuckDB hands over, per span, only what :func:`~treellm.telemetry.conventions.read_span`
+  reads (the items of ``READ_KEYS``, a flag per ``PRESENCE_PREFIXES`` prefix, two event
+  flags), as one JSON text; spans with equal inputs are read once (their answers are
+  equal), and the answers go back as two Arrow tables joined in SQL, never row by row.
+- Whole traces are placed again whenever one of their spans arrives, so spans stored
+  before their run's root (a batch exporter sends children first) move to that run.
+- Only columns cross into Python (Arrow), never rows of maps; the placement's answer goes
+  back as columns too.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import duckdb
+import numpy as np
+import orjson
+import pandas as pd
+
+from treellm import settings
+from treellm.engine import repeats
+from treellm.engine.tools import result_hash
+from treellm.signature import RawArguments, canonical_json, hash_text, parse_arguments, signature
+from treellm.store.trees import SpanFacts, place_traces
+from treellm.telemetry import conventions
+
+__all__ = ["DEFAULT_INTERNAL", "finish_foreign", "internal_tools"]
+
+DEFAULT_INTERNAL = frozenset(conventions.DEFAULT_INTERNAL_TOOLS)
+_DEFAULT_RULE = repeats.ToolRule()
+"""Other frameworks' calls are judged by the default rule: the shell classifier for shell
+tools, the default failure patterns on results (``docs/architecture.md``)."""
+_FOREIGN_OPERATIONS = {"tool": "execute_tool", "llm": "chat", "agent": "invoke_agent"}
+_ROLES = {"execute_tool": "tool", "chat": "llm", "invoke_agent": "agent"}
+_CAUGHT = "loop:detected"
+_EXCEPTION = (conventions.EXCEPTION_EVENT,)
+
+
+def internal_tools() -> frozenset[str]:
+    """Framework-internal tool names: ``TREELLM_INTERNAL_TOOLS`` (comma-separated; empty for
+    none) else :data:`treellm.telemetry.conventions.DEFAULT_INTERNAL_TOOLS`."""
+    names = settings.get(settings.TREELLM_INTERNAL_TOOLS)
+    return DEFAULT_INTERNAL if names is None else frozenset(names)
+
+
+def arguments_value(text: str) -> Any:
+    """Arguments as other frameworks record them: JSON text, else a Python literal, else raw."""
+    value = parse_arguments(text)
+    if isinstance(value, RawArguments):
+        try:
+            literal = ast.literal_eval(text)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return value
+        if isinstance(literal, dict | list):
+            return literal
+    return value
+
+
+@functools.lru_cache(maxsize=65_536)
+def _canonical(arguments: str) -> tuple[Any, str]:
+    """(the parsed value, its canonical text) of recorded argument text (pure, memoised:
+    an agent's repeats and a trace placed again reuse them)."""
+    value = arguments_value(arguments)
+    return value, canonical_json(value)
+
+
+@functools.lru_cache(maxsize=65_536)
+def _signature(tool: str, arguments: str) -> str:
+    return f"{tool}:{hash_text(_canonical(arguments)[1])}"
+
+
+# -- conventions: what each new span says ---------------------------------------------------------
+
+
+def _sql_list(items: Sequence[str]) -> str:
+    return "[" + ", ".join("'" + item.replace("'", "''") + "'" for item in items) + "]"
+
+
+_READ_KEYS = _sql_list(sorted(conventions.READ_KEYS))
+_PREFIX_BITS = " + ".join(
+    f"(CASE WHEN len(list_filter(map_keys(f.attributes), lambda k: starts_with(k, '{prefix}'))) > 0 "
+    f"THEN {1 << bit} ELSE 0 END)"
+    for bit, prefix in enumerate(conventions.PRESENCE_PREFIXES)
+)
+_FOREIGN_INPUT = f"""
+CREATE OR REPLACE TEMP TABLE foreign_in AS
+SELECT row_number() OVER () - 1 AS seq, f.trace_id, f.span_id, f.name, coalesce(f.status_code, 0) AS status_code,
+       coalesce(e.exception, false) AS exception, coalesce(e.caught, false) AS caught,
+       {_PREFIX_BITS} AS prefixes,
+       coalesce(CAST(to_json(map_from_entries(list_filter(map_entries(f.attributes),
+                lambda a: list_contains({_READ_KEYS}, a.key)))) AS VARCHAR), '{{}}') AS read_attributes
+FROM fresh f
+LEFT JOIN (
+    SELECT trace_id, span_id, bool_or(name = '{conventions.EXCEPTION_EVENT}') AS exception,
+           bool_or(name = '{_CAUGHT}' AND coalesce(attributes['treellm.loop.shadow'], '') <> 'true') AS caught
+    FROM span_events SEMI JOIN fresh USING (trace_id, span_id)
+    GROUP BY trace_id, span_id
+) e USING (trace_id, span_id)
+WHERE f.run_id IS NULL AND f.node_kind IS NULL
+"""
+_KIND_COLUMNS = ("convention", "operation", "tool_name", "tool_call_id", "arguments", "result", "signature",
+                 "result_hash", "model", "agent_name", "internal", "failed")  # fmt: skip
+_BOOLEAN = frozenset({"internal", "failed", "orphan"})
+_INTEGER = frozenset({"node_depth", "ordinal"})
+
+
+def _frame(columns: dict[str, Any]) -> pd.DataFrame:
+    """A frame for DuckDB to scan, typed explicitly (no inference over Python objects): lists
+    become text, nullable booleans or nullable integers by name; arrays stay as they are."""
+    typed = {}
+    for name, values in columns.items():
+        if isinstance(values, np.ndarray):
+            typed[name] = values
+        else:
+            dtype = "boolean" if name in _BOOLEAN else "Int32" if name in _INTEGER else "string[python]"
+            typed[name] = pd.array(values, dtype=dtype)
+    return pd.DataFrame(typed, copy=False)
+
+
+_Kind = tuple[Any, ...]
+
+
+class _Reader:
+    """Reads each distinct input once: (name, status, exception, caught, prefixes, read attributes)."""
+
+    def __init__(self, internal: frozenset[str]) -> None:
+        self.internal = internal
+        self.index: dict[tuple[Any, ...], int] = {}
+        self.kinds: list[_Kind] = []
+        self.failures: dict[str, tuple[bool, str]] = {}
+
+    def kind(self, key: tuple[Any, ...]) -> int:
+        found = self.index.get(key)
+        if found is None:
+            found = self.index[key] = len(self.kinds)
+            self.kinds.append(self._read(*key))
+        return found
+
+    def _result_facts(self, result: str) -> tuple[bool, str]:
+        """(the default rule calls it a failure, its hash), once per distinct result in a pass."""
+        found = self.failures.get(result)
+        if found is None:
+            found = self.failures[result] = (repeats.is_failure(_DEFAULT_RULE, result), result_hash(result))
+        return found
+
+    def _read(self, *key: Any) -> _Kind:
+        name, status, exception, caught, prefixes, text = key
+        attributes = orjson.loads(text)
+        for bit, prefix in enumerate(conventions.PRESENCE_PREFIXES):
+            if prefixes >> bit & 1:
+                attributes.setdefault(prefix, "")
+        facts = conventions.read_span(name, attributes, status_code=status, event_names=_EXCEPTION if exception else ())
+        if facts.role == "tool" and caught:
+            # an instrumentor's span of a call that LoopGuard caught: it did not run, the event says so
+            facts = conventions.ForeignSpan(role="other", family=facts.family)
+        sig = digest = None
+        failed = facts.failed
+        internal = facts.tool_name in self.internal if facts.tool_name else None
+        if facts.role == "tool" and facts.result is not None:
+            is_failure, digest = self._result_facts(facts.result)
+            failed = failed or is_failure
+        if facts.role == "tool" and facts.tool_name:
+            sig = _signature(facts.tool_name, facts.arguments or "")
+        else:
+            digest = None
+        operation = _FOREIGN_OPERATIONS.get(facts.role)
+        return (facts.family or "otel", operation, facts.tool_name, facts.call_id, facts.arguments, facts.result,
+                sig, digest, facts.model, facts.agent_name, internal, failed)  # fmt: skip
+
+
+def _read_foreign(con: duckdb.DuckDBPyConnection, internal: frozenset[str]) -> bool:
+    """Read the new spans of other frameworks through their conventions and write what they
+    say; returns whether there were any (their traces are in ``foreign_in``)."""
+    con.execute(_FOREIGN_INPUT)
+    fetched = con.execute(
+        "SELECT seq, name, status_code, exception, caught, prefixes, read_attributes FROM foreign_in"
+    ).fetchnumpy()
+    seq = fetched.pop("seq")
+    if len(seq) == 0:
+        return False
+    reader = _Reader(internal)
+    columns = [fetched.pop(name).tolist() for name in list(fetched)]
+    kinds = np.fromiter((reader.kind(key) for key in zip(*columns, strict=True)), dtype=np.int64, count=len(seq))
+    del columns
+    by_span = _frame({"seq": np.asarray(seq, dtype=np.int64), "kind": kinds})
+    answers = list(zip(*reader.kinds, strict=True))
+    described = _frame(
+        {"kind": np.arange(len(reader.kinds), dtype=np.int64)}
+        | {name: list(answers[i]) for i, name in enumerate(_KIND_COLUMNS)}
+    )
+    con.register("foreign_by_span", by_span)
+    con.register("foreign_kinds", described)
+    try:
+        con.execute(
+            "UPDATE spans SET convention = u.convention, operation = u.operation, tool_name = u.tool_name, "
+            "tool_call_id = u.tool_call_id, arguments = u.arguments, result = u.result, signature = u.signature, "
+            "result_hash = u.result_hash, model = coalesce(spans.model, u.model), "
+            "agent_name = coalesce(spans.agent_name, u.agent_name), internal = u.internal, "
+            "node_status = CASE WHEN u.failed AND u.operation = 'execute_tool' THEN 'failed' END "
+            "FROM (SELECT i.trace_id, i.span_id, k.* FROM foreign_in i JOIN foreign_by_span s USING (seq) "
+            "      JOIN foreign_kinds k USING (kind)) u "
+            "WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id"
+        )
+    finally:
+        con.unregister("foreign_by_span")
+        con.unregister("foreign_kinds")
+    return True
+
+
+# -- runs, trees and ordinals of the traces those spans belong to -------------------------------------
+
+_TRACE_SPANS = """
+SELECT trace_id, span_id, parent_span_id, start_ns, end_ns, operation, tool_name, arguments,
+       coalesce(internal, false) AS internal, agent_name,
+       orphan_parent IS NOT NULL AND parent_span_id IS NULL AS flagged,
+       coalesce(status_code = 2 OR node_status = 'failed', false) AS failed
+FROM spans WHERE trace_id IN (SELECT DISTINCT trace_id FROM foreign_in)
+"""
+
+
+def _keyed_from_parents(con: duckdb.DuckDBPyConnection, spans: dict[str, list[Any]]) -> None:
+    """Tool spans that record a bare value (LangChain's single-argument tools) take their
+    keyed arguments and call id from the parent that records the call, once it is stored
+    (``spans["arguments"]`` is updated in place)."""
+    operations, parents, arguments = spans["operation"], spans["parent_span_id"], spans["arguments"]
+    bare = [
+        i for i, operation in enumerate(operations)
+        if operation == "execute_tool" and parents[i] is not None and not (arguments[i] or "").lstrip().startswith("{")
+    ]  # fmt: skip
+    if not bare:
+        return
+    frame = _frame(
+        {
+            "i": np.asarray(bare, dtype=np.int64),
+            "trace_id": [spans["trace_id"][i] for i in bare],
+            "parent_id": [parents[i] for i in bare],
+            "tool": [spans["tool_name"][i] for i in bare],
+        }
+    )
+    con.register("bare_calls", frame)
+    try:
+        found_parents = con.execute(
+            "SELECT b.i, b.tool, map_keys(p.attributes), map_values(p.attributes) FROM bare_calls b "
+            "JOIN spans p ON p.trace_id = b.trace_id AND p.span_id = b.parent_id"
+        ).fetchall()
+    finally:
+        con.unregister("bare_calls")
+    found: dict[int, tuple[str, str | None, str]] = {}
+    for i, tool, keys, values in found_parents:
+        call = conventions.parent_call(dict(zip(keys or (), values or (), strict=True)), tool)
+        if call is not None:
+            found[i] = (call[0], call[1], signature(tool, arguments_value(call[0])))
+    if not found:
+        return
+    keyed = _frame(
+        {
+            "trace_id": [spans["trace_id"][i] for i in found],
+            "span_id": [spans["span_id"][i] for i in found],
+            "arguments": [a for a, _, _ in found.values()],
+            "tool_call_id": [c for _, c, _ in found.values()],
+            "signature": [g for _, _, g in found.values()],
+        }
+    )
+    con.register("keyed_calls", keyed)
+    try:
+        con.execute(
+            "UPDATE spans SET arguments = u.arguments, tool_call_id = coalesce(spans.tool_call_id, u.tool_call_id), "
+            "signature = u.signature FROM keyed_calls u "
+            "WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id"
+        )
+    finally:
+        con.unregister("keyed_calls")
+    for i, (text, _, _) in found.items():
+        arguments[i] = text
+
+
+def _span_facts(spans: dict[str, list[Any]]) -> list[SpanFacts]:
+    keys: dict[tuple[str, str], tuple[str, bool]] = {}
+
+    def call(tool: str, args: str) -> tuple[str, bool]:
+        found = keys.get((tool, args))
+        if found is None:
+            value, text = _canonical(args)
+            found = keys[(tool, args)] = (f"{tool}\x00{text}", repeats.changes_state(_DEFAULT_RULE, tool, value))
+        return found
+
+    out = []
+    for trace, span, parent, start, end, operation, tool, args, internal, agent, flagged, failed in zip(
+        spans["trace_id"], spans["span_id"], spans["parent_span_id"], spans["start_ns"], spans["end_ns"],
+        spans["operation"], spans["tool_name"], spans["arguments"], spans["internal"], spans["agent_name"],
+        spans["flagged"], spans["failed"], strict=True,
+    ):  # fmt: skip
+        counted = tool is not None and operation == "execute_tool" and not internal
+        key, changes = call(tool, args or "") if counted else (None, False)
+        out.append(
+            SpanFacts(
+                trace_id=trace, span_id=span, parent_id=parent, start_ns=start, end_ns=end,
+                role=_ROLES.get(operation or "", "other"), call_key=key, agent_name=agent, flagged_orphan=flagged,
+                changes_state=counted and not failed and changes,
+            )
+        )  # fmt: skip
+    return out
+
+
+def _place(con: duckdb.DuckDBPyConnection) -> None:
+    fetched = con.execute(_TRACE_SPANS).fetchnumpy()
+    spans = {name: fetched.pop(name).tolist() for name in list(fetched)}
+    _keyed_from_parents(con, spans)
+    facts = _span_facts(spans)
+    del spans
+    placed = place_traces(facts)  # the spans of other frameworks among them are updated (the WHERE below)
+    del facts
+    frame = _frame(
+        {
+            "trace_id": [p.trace_id for p in placed],
+            "span_id": [p.span_id for p in placed],
+            "run_id": [p.run_id for p in placed],
+            "node_kind": [p.node_kind for p in placed],
+            "node_parent_id": [p.node_parent_id for p in placed],
+            "node_depth": [p.depth for p in placed],
+            "ordinal": [p.ordinal for p in placed],
+            "earlier_node_ids": [json.dumps(list(p.earlier)) if p.earlier else None for p in placed],
+            "orphan": [p.orphan for p in placed],
+            "anchor_node_id": [p.anchor for p in placed],
+        }
+    )
+    del placed
+    con.register("run_updates", frame)
+    try:
+        con.execute(
+            "UPDATE spans SET run_id = u.run_id, node_kind = u.node_kind, node_parent_id = u.node_parent_id, "
+            "node_depth = u.node_depth, ordinal = u.ordinal, earlier_node_ids = u.earlier_node_ids, "
+            "anchor_node_id = u.anchor_node_id, "
+            "orphan_parent = CASE WHEN u.orphan THEN coalesce(spans.orphan_parent, spans.parent_span_id, '') "
+            "                     WHEN spans.parent_span_id IS NULL THEN spans.orphan_parent END "
+            "FROM run_updates u WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id "
+            "AND spans.convention IS NOT NULL"
+        )
+    finally:
+        con.unregister("run_updates")
+
+
+def finish_foreign(con: duckdb.DuckDBPyConnection, internal: frozenset[str] | None = None) -> None:
+    """Conventions, runs, trees and ordinals for the new spans (``fresh``) of other frameworks
+    (see the module docstring); ``internal`` defaults to :func:`internal_tools`."""
+    try:
+        if _read_foreign(con, internal_tools() if internal is None else internal):
+            _place(con)
+    finally:
+        con.execute("DROP TABLE IF EXISTS foreign_in")
