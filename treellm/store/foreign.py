@@ -304,13 +304,9 @@ def _span_facts(spans: dict[str, list[Any]]) -> list[SpanFacts]:
     ):  # fmt: skip
         counted = tool is not None and operation == "execute_tool" and not internal
         key, changes = call(tool, args or "") if counted else (None, False)
-        out.append(
-            SpanFacts(
-                trace_id=trace, span_id=span, parent_id=parent, start_ns=start, end_ns=end,
-                role=_ROLES.get(operation or "", "other"), call_key=key, agent_name=agent, flagged_orphan=flagged,
-                changes_state=counted and not failed and changes,
-            )
-        )  # fmt: skip
+        role = _ROLES.get(operation or "", "other")
+        changes_state = counted and not failed and changes
+        out.append(SpanFacts(trace, span, parent, start, end, role, key, agent, flagged, changes_state))
     return out
 
 

@@ -27,6 +27,7 @@ again when the root arrives (the caller recomputes whole traces).
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -182,30 +183,31 @@ def place_trace(spans: Sequence[SpanFacts]) -> list[Placement]:
             base_parent = max(current, key=lambda s: _order(by_id[s])) if current else None
         placed.update(_place_path(paths[scope], base_parent))
 
-    thinks = sorted((by_id[s] for s, node in placed.items() if node[0] == "think"), key=_order)
+    # the think nodes of each run in time order, for the anchors of the spans that are not nodes
+    thinks: dict[str, tuple[list[int], list[str]]] = {}
+    for think in sorted((by_id[s] for s, node in placed.items() if node[0] == "think"), key=_order):
+        starts, ids = thinks.setdefault(run[think.span_id].span_id, ([], []))
+        starts.append(think.start_ns)
+        ids.append(think.span_id)
 
     def anchor_of(span: SpanFacts) -> str | None:
-        root = run[span.span_id].span_id
-        current = [t for t in thinks if run[t.span_id].span_id == root and t.start_ns <= span.start_ns]
-        return current[-1].span_id if current else None
+        """The last think node of the span's run (in time order) that started no later than it."""
+        starts, ids = thinks.get(run[span.span_id].span_id, ([], []))
+        index = bisect_right(starts, span.start_ns)
+        return ids[index - 1] if index else None
 
     out: list[Placement] = []
+    append = out.append
     for span in spans:
-        kind, parent, depth, ordinal, earlier = placed.get(span.span_id, (None, None, None, None, ()))
-        out.append(
-            Placement(
-                trace_id=span.trace_id,
-                span_id=span.span_id,
-                run_id=f"{span.trace_id}:{run[span.span_id].span_id}",
-                node_kind=kind,
-                node_parent_id=parent,
-                depth=depth,
-                ordinal=ordinal,
-                earlier=earlier,
-                orphan=orphan[span.span_id] and span.span_id not in root_ids,
-                anchor=anchor_of(span) if kind is None else None,
-            )
-        )
+        sid = span.span_id
+        node = placed.get(sid)
+        orphaned = orphan[sid] and sid not in root_ids
+        run_id = f"{span.trace_id}:{run[sid].span_id}"
+        if node is None:
+            append(Placement(span.trace_id, sid, run_id, None, None, None, None, (), orphaned, anchor_of(span)))
+        else:
+            kind, parent, depth, ordinal, earlier = node
+            append(Placement(span.trace_id, sid, run_id, kind, parent, depth, ordinal, earlier, orphaned, None))
     return out
 
 
