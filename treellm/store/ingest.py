@@ -16,6 +16,9 @@ Contract:
   :class:`~treellm.errors.IngestError` naming the file, the line (or record) and the
   reason; with ``skip_bad=True`` the good spans are kept and each bad one reported. When
   DuckDB refuses a file the validator accepts, the error carries DuckDB's own message.
+- A record a reader stores but doubts (a trajectory run with assistant turns and no call
+  found) is kept and reported in ``FileReport.warnings`` (``IngestReport.warnings``), which
+  the CLI prints on stderr.
 - Re-ingesting adds nothing: (trace_id, span_id) stays unique (an anti-join against
   the stored keys; duplicates are counted).
 - A torn final line (no newline after it, as a crashed writer leaves) is skipped and
@@ -76,6 +79,7 @@ class FileReport:
     skipped: int
     empty: bool = False
     bad: tuple[BadRecord, ...] = ()
+    warnings: tuple[str, ...] = ()  # "<path>: <what>", e.g. a trajectory run whose calls were not found
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +95,11 @@ class IngestReport:
     bad_records: tuple[BadRecord, ...] = ()
     details: tuple[FileReport, ...] = field(default=())
 
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What the files' readers stored but doubt, file by file (see :class:`FileReport`)."""
+        return tuple(w for r in self.details for w in r.warnings)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "files": self.files,
@@ -102,6 +111,7 @@ class IngestReport:
             "bad_records": [
                 {"path": b.path, "line": b.line, "record": b.record, "reason": b.reason} for b in self.bad_records
             ],
+            "warnings": list(self.warnings),
         }
 
 
@@ -402,6 +412,7 @@ def ingest_file(
         folder = Path(tmp)
         skipped = 0
         bad: list[BadRecord] = []
+        warnings: list[str] = []
         if fmt == "otlp-jsonl":
             overlong = _overlong_line(source)
             if overlong is not None and not skip_bad:
@@ -430,21 +441,23 @@ def ingest_file(
                         bad.append(BadRecord(display, record.line, record.record, record.reason))
                     else:
                         out.write(json_line(record.traces_data))
+                        warnings.extend(f"{display}: {w}" for w in record.warnings)
         if jsonl.stat().st_size == 0:
-            return FileReport(display, fmt, 0, 0, 0, skipped, empty=not bad and not skipped, bad=tuple(bad))
+            empty = not bad and not skipped
+            return FileReport(display, fmt, 0, 0, 0, skipped, empty=empty, bad=tuple(bad), warnings=tuple(warnings))
         try:
             spans, runs, duplicates = _load_jsonl(Path(db), jsonl, display=display, retries=retries)
         except _Refused as exc:
             raise IngestError(f"DuckDB refused the file: {exc}", path=display) from exc
-    return FileReport(display, fmt, spans, runs, duplicates, skipped, bad=tuple(bad))
+    return FileReport(display, fmt, spans, runs, duplicates, skipped, bad=tuple(bad), warnings=tuple(warnings))
 
 
-TRACE_SUFFIXES = frozenset({".jsonl", ".ndjson", ".json", ".pb", ".binpb", ".proto", ".otlp"})
+TRACE_SUFFIXES = frozenset({".jsonl", ".ndjson", ".json", ".pb", ".binpb", ".proto", ".otlp", ".traj"})
 
 
 def _expand(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
     """Files named are taken as they are; folders are walked for trace files (by suffix:
-    .jsonl .ndjson .json .pb .binpb .proto .otlp), so a README beside them is left alone."""
+    .jsonl .ndjson .json .pb .binpb .proto .otlp .traj), so a README beside them is left alone."""
     out: list[Path] = []
     for p in paths:
         path = Path(p)

@@ -44,6 +44,7 @@ from treellm.store.formats import (
     sdk_console,
     sdk_json,
     sdk_jsonl,
+    swe_agent,
     trajectory,
 )
 from treellm.store.formats._base import Format, InputFormat, JsonObject, Record
@@ -72,6 +73,7 @@ FORMATS: Final[tuple[Format, ...]] = (
     Format(sdk_jsonl.NAME, sdk_jsonl.WHAT, sdk_jsonl.MAPPING, sdk_jsonl.sniff, sdk_jsonl.convert),
     Format(otlp_json.NAME, otlp_json.WHAT, otlp_json.MAPPING, otlp_json.sniff, otlp_json.convert),
     Format(trajectory.NAME, trajectory.WHAT, trajectory.MAPPING, trajectory.sniff, trajectory.convert),
+    Format(swe_agent.NAME, swe_agent.WHAT, swe_agent.MAPPING, swe_agent.sniff, swe_agent.convert),
     Format(sdk_json.NAME, sdk_json.WHAT, sdk_json.MAPPING, sdk_json.sniff, sdk_json.convert),
     Format(sdk_console.NAME, sdk_console.WHAT, sdk_console.MAPPING, sdk_console.sniff, sdk_console.convert),
     Format(otlp_proto.NAME, otlp_proto.WHAT, otlp_proto.MAPPING, otlp_proto.sniff, otlp_proto.convert),

@@ -23,7 +23,9 @@ from treellm.telemetry import semconv as sc
 if TYPE_CHECKING:
     from treellm.store.formats._sniff import Sample, Verdict
 
-InputFormat = Literal["otlp-jsonl", "sdk-jsonl", "otlp-json", "trajectory", "sdk-json", "sdk-console", "otlp-proto"]
+InputFormat = Literal[
+    "otlp-jsonl", "sdk-jsonl", "otlp-json", "trajectory", "swe-agent", "sdk-json", "sdk-console", "otlp-proto"
+]
 JsonObject = dict[str, Any]
 
 ORPHAN_PARENT = sc.INGEST_ORPHAN_PARENT
@@ -32,10 +34,12 @@ SCOPE_NAME = "treellm.store.foreign"  # kept: it is stored on the spans of conve
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """One good record of an input file: its 0-based index and its OTLP/JSON ``TracesData``."""
+    """One good record of an input file: its 0-based index and its OTLP/JSON ``TracesData``;
+    ``warnings`` say what the reader stored but doubts (a run whose calls it could not find)."""
 
     index: int
     traces_data: JsonObject
+    warnings: tuple[str, ...] = ()
 
 
 class Converter(Protocol):
@@ -108,17 +112,19 @@ def sequence(value: object, what: str) -> list[Any]:
     return value
 
 
-def checked(index: int, doc: JsonObject, *, path: str, line: int | None = None) -> Iterator[Record | IngestError]:
+def checked(
+    index: int, doc: JsonObject, *, path: str, line: int | None = None, warnings: tuple[str, ...] = ()
+) -> Iterator[Record | IngestError]:
     """One record's ``TracesData`` through the one validator (:func:`treellm.otlp.normalize_traces_data`):
-    the record with its good spans (none when it has none), then an ``IngestError`` naming each
-    rejected span and its field; a document of the wrong structure is one ``IngestError``."""
+    the record with its good spans (none when it has none) and ``warnings``, then an ``IngestError``
+    naming each rejected span and its field; a document of the wrong structure is one ``IngestError``."""
     try:
         normalized = normalize_traces_data(doc, max_reasons=None)
     except StructureError as exc:
         yield IngestError(str(exc), path=path, line=line, record=index)
         return
     if normalized.traces_data is not None:
-        yield Record(index, normalized.traces_data)
+        yield Record(index, normalized.traces_data, warnings)
     for reason in normalized.reasons:
         yield IngestError(reason, path=path, line=line, record=index)
 
