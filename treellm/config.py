@@ -25,8 +25,12 @@ The limits file is the TOML that ``treellm tune`` writes::
     timeout_s = 30.0           # seconds a call may run (inf: no timeout)
 
     [tools.bash]
-    classifier = "shell"       # shell | none (the default: shell for treellm.shell's shell tools)
+    classifier = "shell"       # shell | editor | none (default: shell for treellm.shell's shell tools)
+    read_only = ['^python (reproduce|test)_\\w+\\.py$']  # commands that change nothing
 
+``read_only`` lists regexes (``re.search``) on a shell tool's command (other tools: the
+canonical arguments): a matching call is never a state change, whatever the
+classifier says (``mutates = true`` still wins). ``treellm tune`` proposes them.
 ``mutates_when`` is one ``{argument, matches}`` table or a list of them: a
 successful call whose argument ``argument`` (its text; other values as JSON;
 no ``argument``: the whole canonical arguments) matches the regex ``matches``
@@ -50,8 +54,10 @@ __all__ = ["ArgumentPattern", "Branching", "Classifier", "RepeatAction", "ToolLi
 
 RepeatAction = Literal["prune", "nudge", "cache"]
 Branching = Literal["collapse", "fork"]
-Classifier = Literal["shell", "none"]
-"""How a tool's arguments say whether a call writes: ``shell`` reads the command; ``none`` turns that off."""
+Classifier = Literal["shell", "editor", "none"]
+"""How a tool's arguments say whether a call writes: ``shell`` reads the command; ``editor``
+reads a file editor's ``command`` (``view`` reads its ``path``, anything else writes it);
+``none`` turns that off."""
 
 MAX_ARGUMENT_DEPTH = 256
 """The highest ``max_argument_depth``: deeper values would strain Python's recursion limit in
@@ -138,19 +144,25 @@ class ToolLimits:
     classifier: Classifier | None = None
     error_when: tuple[str, ...] | None = None
     """Regexes on the result text that mark a call failed; they replace the defaults."""
+    read_only: tuple[str, ...] | None = None
+    """Regexes on the command (or canonical arguments) of calls that never change state."""
     timeout_s: float | None = None
     """Seconds one call of the tool may run (``inf``: no timeout)."""
 
     @classmethod
     def from_mapping(cls, tool: str, data: Mapping[str, Any], path: str | None = None) -> ToolLimits:
-        known = {"max_repeats", "on_repeat", "mutates", "mutates_when", "classifier", "error_when", "timeout_s"}
+        known = {
+            "max_repeats", "on_repeat", "mutates", "mutates_when", "classifier", "error_when", "read_only", "timeout_s"
+        }  # fmt: skip
         for key in data:
             _expect(f"tools.{tool}.{key}", key in known, "one of " + ", ".join(sorted(known)), key, path)
         when = data.get("mutates_when")
         errors = data.get("error_when")
-        if errors is not None:
-            ok = isinstance(errors, list | tuple)
-            _expect(f"tools.{tool}.error_when", ok, "a list of regular expressions", errors, path)
+        read_only = data.get("read_only")
+        for name, value in (("error_when", errors), ("read_only", read_only)):
+            if value is not None:
+                ok = isinstance(value, list | tuple)
+                _expect(f"tools.{tool}.{name}", ok, "a list of regular expressions", value, path)
         limits = cls(
             data.get("max_repeats"),
             data.get("on_repeat"),
@@ -158,6 +170,7 @@ class ToolLimits:
             None if when is None else _patterns(when, f"tools.{tool}.mutates_when", path),
             data.get("classifier"),
             None if errors is None else tuple(errors),
+            None if read_only is None else tuple(read_only),
             data.get("timeout_s"),
         )
         limits.validate(tool, path)
@@ -182,11 +195,13 @@ class ToolLimits:
                 pattern.validate(f"{setting}[{i}]", path)
         if self.classifier is not None:
             ok = self.classifier in get_args(Classifier)
-            _expect(f"tools.{tool}.classifier", ok, "shell or none", self.classifier, path)
-        if self.error_when is not None:
-            setting = f"tools.{tool}.error_when"
-            _expect(setting, isinstance(self.error_when, tuple), "a list of regular expressions", self.error_when, path)
-            for i, regex in enumerate(self.error_when):
+            _expect(f"tools.{tool}.classifier", ok, "shell, editor or none", self.classifier, path)
+        for name, regexes in (("error_when", self.error_when), ("read_only", self.read_only)):
+            if regexes is None:
+                continue
+            setting = f"tools.{tool}.{name}"
+            _expect(setting, isinstance(regexes, tuple), "a list of regular expressions", regexes, path)
+            for i, regex in enumerate(regexes):
                 _expect(f"{setting}[{i}]", _is_regex(regex), "a regular expression", regex, path)
         if self.timeout_s is not None:
             ok = _is_timeout(self.timeout_s)

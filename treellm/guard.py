@@ -95,7 +95,7 @@ from treellm.engine.repeats import (
     pruned_call,
 )
 from treellm.engine.tools import result_hash, result_text
-from treellm.loop import CallKey, LimitSource, LoopDecision, PathSignatures, call_key
+from treellm.loop import CallKey, LimitSource, LoopDecision, Paths, PathSignatures, call_key
 from treellm.models.base import arguments_text
 from treellm.signature import parse_arguments
 from treellm.telemetry.guard_spans import GuardSpans, SpanMode, span_mode
@@ -146,6 +146,8 @@ class _Reservation:
     node_id: str
     decision: LoopDecision
     checked_ns: int
+    reads: Paths = None
+    """What the call reads (``engine/repeats.py``), for the counts of calls checked while it runs."""
 
 
 @dataclass(slots=True)
@@ -177,7 +179,7 @@ class _Conversation:
 
 def _with_running(path: PathSignatures, running: Sequence[_Reservation]) -> PathSignatures:
     for held in running:
-        path = path.extend(held.key, held.node_id)
+        path = path.extend(held.key, held.node_id, reads=held.reads)
     return path
 
 
@@ -301,7 +303,7 @@ class LoopGuard:
                         False, tool, decision.signature, decision.count, decision.limit, decision.limit_source,
                         action, False, earlier, answer, path, call_id,
                     )  # fmt: skip
-            held = self._reserve(conv, key, decision, call_id)
+            held = self._reserve(conv, key, arguments, decision, call_id)
             return GuardDecision(
                 True, tool, decision.signature, decision.count, decision.limit, decision.limit_source,
                 action, decision.caught, earlier, None, path, call_id, held.id,
@@ -348,8 +350,11 @@ class LoopGuard:
         oversized = oversized_arguments(arguments, self.config)
         return _raw(arguments) if oversized is None else oversized[0]
 
-    def _reserve(self, conv: _Conversation, key: CallKey, decision: LoopDecision, call_id: str | None) -> _Reservation:
-        held = _Reservation(f"r{next(self._reservations)}", key, call_id, conv.node_id(), decision, self.clock())
+    def _reserve(
+        self, conv: _Conversation, key: CallKey, arguments: Any, decision: LoopDecision, call_id: str | None
+    ) -> _Reservation:
+        reads = self.policy.targets(key.tool, arguments).reads
+        held = _Reservation(f"r{next(self._reservations)}", key, call_id, conv.node_id(), decision, self.clock(), reads)
         conv.running.append(held)
         if self._telemetry is not None:
             self._telemetry.checked(conv.run_id, held.node_id, _tool_start(decision, call_id or "", ()), call_id)
@@ -384,7 +389,6 @@ class LoopGuard:
         text = result_text(result)
         raw = self._raw(arguments)
         error = self.policy.is_failure(tool, text, status_error=error)
-        state_change = self.policy.state_change(tool, arguments, failed=error)
         with self._lock:
             conv = self._conversation(path)
             held = conv.take(key, call_id)
@@ -417,7 +421,7 @@ class LoopGuard:
                 shadow_caught=decision.caught,
                 error=text if error else None,
             )
-            conv.path = conv.path.extend(key, node_id, mutates=state_change)
+            conv.path = self.policy.extend(conv.path, key, arguments, node_id, succeeded=not error)
             conv.results[node_id] = text
             conv.tool_nodes += 1
             self._emit_call(conv, node, _tool_start(decision, node.call_id, earlier, node.args, raw), text, error)

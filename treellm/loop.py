@@ -8,18 +8,25 @@ Contract (the definitions of ``docs/architecture.md``):
   djb2 hash, so a hash collision cannot prune a different call; the tree-llm
   signature string is carried for display and telemetry.
 - **count** = earlier identical calls on the path since the path's last
-  successful **state change** by any other call (another tool's, or the same
-  tool's with other arguments): a state change restarts the counts of every
-  other key on its path, while its own key keeps counting, so the same write
-  repeated with nothing between is still a loop. A call is caught when
-  count >= limit. **ordinal** = count + 1. Which calls change state is decided
-  by ``treellm.engine.repeats``; this module only records it (``mutates=``).
+  successful **state change** by another call (another tool's, or the same
+  tool's with other arguments) that can have changed what this call reads. A
+  state change carries the paths it wrote (``writes``; ``None``: cannot be
+  known) and a call the paths it reads (``reads``; ``None``: cannot be known):
+  a write restarts the counts of the calls that read what it wrote
+  (:func:`treellm.shell.paths_overlap`) and of calls whose reads are unknown; a
+  write to unknown targets restarts every count. Its own key keeps counting, so
+  the same write repeated with nothing between is still a loop. A call is caught
+  when count >= limit. **ordinal** = count + 1. Which calls change state, and
+  their targets, are decided by ``treellm.engine.repeats``; this module only
+  records them.
 - **limit precedence**: limits file > the tool's own ``max_repeats`` > the
   detector's default.
 - :class:`PathSignatures` is immutable. ``extend`` returns a new value in
   O(log n) time and memory (a hash array mapped trie shares the parent's
   structure), so sibling branches extend one parent independently and a deep
-  path costs no more per step than a shallow one.
+  path costs no more per step than a shallow one. ``count`` looks back over the
+  writes with known targets made since the key's first call (each compared
+  once), stopping at the first that touches what the key reads.
 
 Pure: no I/O, no clocks, no globals. Thread-safe because nothing mutates.
 """
@@ -34,9 +41,10 @@ from typing import Literal
 import immutables
 
 from treellm.errors import ConfigError
+from treellm.shell import paths_overlap
 from treellm.signature import RawArguments, canonical_json, hash_text, parse_arguments
 
-__all__ = ["CallKey", "LimitSource", "LoopDecision", "LoopDetector", "PathSignatures", "call_key"]
+__all__ = ["CallKey", "LimitSource", "LoopDecision", "LoopDetector", "PathSignatures", "Paths", "call_key"]
 
 LimitSource = Literal["file", "tool", "default"]
 
@@ -64,12 +72,32 @@ def call_key(tool: str, arguments: object) -> CallKey:
     return CallKey(tool, canonical_json(value), raw=False)
 
 
+Paths = frozenset[str] | None
+"""Paths a call reads or writes; None: cannot be known."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Calls:
-    """The identical calls of one key on a path: (position on the path, node id)."""
+    """The identical calls of one key on a path: (position on the path, node id), and
+    what the key reads (the same for every call of the key)."""
 
     positions: tuple[int, ...]
     node_ids: tuple[str | None, ...]
+    reads: Paths = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    """A state change with known targets, linked to the one before it (newest first)."""
+
+    position: int
+    key: CallKey
+    writes: frozenset[str]
+    before: _Write | None
+
+
+def _touches(writes: frozenset[str], reads: frozenset[str]) -> bool:
+    return any(paths_overlap(w, r) for w in writes for r in reads)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,21 +117,36 @@ class PathSignatures:
     """The key of that state change."""
     _other_reset: int = -1
     """Position of the last state change whose key is not ``_last_reset_key``."""
+    _last_blind: int = -1
+    """Position of the last state change to unknown targets (it restarts every count)."""
+    _last_blind_key: CallKey | None = None
+    _other_blind: int = -1
+    _writes: _Write | None = None
+    """The state changes with known targets, newest first."""
 
     @classmethod
     def empty(cls) -> PathSignatures:
         return cls()
 
-    def _reset_point(self, key: CallKey) -> int:
-        """The last state change that restarts ``key``'s count: the last one by another key."""
-        return self._other_reset if key == self._last_reset_key else self._last_reset
+    def _reset_point(self, key: CallKey, calls: _Calls) -> int:
+        """The last state change by another key that can have changed what ``key`` reads."""
+        if calls.reads is None:
+            return self._other_reset if key == self._last_reset_key else self._last_reset
+        point = self._other_blind if key == self._last_blind_key else self._last_blind
+        first = calls.positions[0]
+        write = self._writes
+        while write is not None and write.position > point and write.position > first:
+            if write.key != key and _touches(write.writes, calls.reads):
+                return write.position
+            write = write.before
+        return point
 
     def earlier(self, key: CallKey) -> tuple[str | None, ...]:
         """Node ids of the earlier identical calls that count (oldest first)."""
         calls = self._calls.get(key)
         if calls is None:
             return ()
-        start = bisect.bisect_right(calls.positions, self._reset_point(key))
+        start = bisect.bisect_right(calls.positions, self._reset_point(key, calls))
         return calls.node_ids[start:]
 
     def count(self, key: CallKey) -> int:
@@ -111,30 +154,48 @@ class PathSignatures:
         calls = self._calls.get(key)
         if calls is None:
             return 0
-        return len(calls.positions) - bisect.bisect_right(calls.positions, self._reset_point(key))
+        return len(calls.positions) - bisect.bisect_right(calls.positions, self._reset_point(key, calls))
 
-    def extend(self, key: CallKey, node_id: str | None = None, *, mutates: bool = False) -> PathSignatures:
+    def extend(
+        self,
+        key: CallKey,
+        node_id: str | None = None,
+        *,
+        mutates: bool = False,
+        reads: Paths = None,
+        writes: Paths = None,
+    ) -> PathSignatures:
         """A new path with one more call of ``key``; this path is unchanged.
 
-        ``mutates=True`` says the call was a *successful state change* (a call
-        of a ``mutates`` tool, or one whose arguments its rule marks as
-        writing): the counts of every other key on the path restart after it,
-        the same tool's other arguments included; ``key``'s own count goes on.
-        O(log n): only the last state change and the last one by another key
-        are kept, which is all :meth:`count` needs.
+        ``reads``: the paths the call reads (None: cannot be known, so every state
+        change restarts its count). ``mutates=True`` says the call was a *successful
+        state change*; ``writes`` names what it wrote (None: cannot be known, so it
+        restarts every other key's count). It restarts the counts of the other keys
+        that read what it wrote, the same tool's other arguments included; ``key``'s
+        own count goes on. O(log n) time and memory.
         """
         position = self.length
         old = self._calls.get(key)
         if old is None:
-            calls = _Calls((position,), (node_id,))
+            calls = _Calls((position,), (node_id,), reads)
         else:
-            calls = _Calls((*old.positions, position), (*old.node_ids, node_id))
+            calls = _Calls((*old.positions, position), (*old.node_ids, node_id), old.reads)
         last, last_key, other = self._last_reset, self._last_reset_key, self._other_reset
+        blind, blind_key, other_blind = self._last_blind, self._last_blind_key, self._other_blind
+        known = self._writes
         if mutates:
             if key != last_key:
                 other, last_key = last, key
             last = position
-        return PathSignatures(self._calls.set(key, calls), position + 1, last, last_key, other)
+            if writes is None:
+                if key != blind_key:
+                    other_blind, blind_key = blind, key
+                blind = position
+            elif writes:
+                known = _Write(position, key, writes, known)
+        return PathSignatures(
+            self._calls.set(key, calls), position + 1, last, last_key, other, blind, blind_key, other_blind, known
+        )
 
     def __len__(self) -> int:
         return self.length
@@ -214,6 +275,9 @@ class LoopDetector:
         args: object,
         node_id: str | None = None,
         mutates: bool = False,
+        *,
+        reads: Paths = None,
+        writes: Paths = None,
     ) -> PathSignatures:
         """``path`` with the call added (see :meth:`PathSignatures.extend`)."""
-        return path.extend(call_key(tool, args), node_id, mutates=mutates)
+        return path.extend(call_key(tool, args), node_id, mutates=mutates, reads=reads, writes=writes)

@@ -5,12 +5,20 @@ analysis of stored calls, so the three count, fail and answer alike.
 
 - **state change** (``docs/architecture.md``): a *successful* call of a tool
   marked ``mutates``, or a successful call whose arguments the tool's rule
-  marks as writing: ``mutates_when`` (a callable, or argument patterns), or the
-  shell classifier for shell tools (``treellm.shell.classify_command`` of the
+  marks as writing: ``mutates_when`` (a callable, or argument patterns), the
+  shell classifier for shell tools (``treellm.shell.command_targets`` of the
   command: ``write`` and ``unknown`` both count as writing; a call whose command
-  cannot be found counts as ``unknown``). A state change restarts the counts of
-  every other signature on its path, the same tool's included; its own
-  signature keeps counting (:meth:`treellm.loop.PathSignatures.extend`).
+  cannot be found counts as ``unknown``), or the editor classifier (a
+  ``command`` other than ``view``). A ``read_only`` pattern that matches the
+  command (other tools: the canonical arguments) makes a call no state change.
+- **targets** (:func:`call_targets`): what a call reads and what its state
+  change writes, ``None`` where that cannot be known. Shell commands: the
+  paths the parser names. Other tools: a path argument (:data:`PATH_ARGUMENTS`)
+  is read, and written when the call changes state. A state change restarts
+  the counts of the calls on its path that read what it wrote, and of calls
+  whose reads are unknown; a write to unknown targets restarts every count;
+  its own signature keeps counting (:meth:`treellm.loop.PathSignatures.extend`,
+  :meth:`RepeatPolicy.extend`).
 - **failed call**: the tool raised, its span status is ERROR, or its result
   text matches one of the rule's ``error_when`` regexes (``re.search``);
   :data:`DEFAULT_ERROR_WHEN` applies when a rule sets none. A failed call
@@ -34,6 +42,7 @@ and the analysis may import it.
 from __future__ import annotations
 
 import functools
+import posixpath
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,19 +51,23 @@ from typing import TypeAlias, get_args
 from treellm.config import ArgumentPattern, Classifier, RepeatAction, ToolLimits, TreeConfig
 from treellm.engine.nodes import PrunedCall
 from treellm.errors import ConfigError
-from treellm.loop import CallKey, LimitSource, LoopDecision, LoopDetector, PathSignatures
-from treellm.shell import DEFAULT_SHELL_TOOLS, classify_command, command_text
+from treellm.loop import CallKey, LimitSource, LoopDecision, LoopDetector, Paths, PathSignatures
+from treellm.shell import DEFAULT_SHELL_TOOLS, CommandTargets, command_targets, command_text
 from treellm.signature import RawArguments, arguments_problem, canonical_json, parse_arguments
 
 __all__ = [
     "DEFAULT_ERROR_WHEN",
+    "DEFAULT_EDITOR_TOOLS",
+    "PATH_ARGUMENTS",
     "ArgumentPattern",
+    "CallTargets",
     "Classifier",
     "MutatesWhen",
     "RepeatPolicy",
     "ToolRule",
     "ToolSettings",
     "answer_text",
+    "call_targets",
     "changes_state",
     "is_failure",
     "loop_message",
@@ -69,6 +82,15 @@ PREVIEW_CHARS = 2000
 
 MutatesWhen: TypeAlias = Callable[[object], bool] | ArgumentPattern | tuple[ArgumentPattern, ...]
 """A predicate on the parsed arguments, or argument patterns (any one matching)."""
+
+DEFAULT_EDITOR_TOOLS: tuple[str, ...] = ("str_replace_editor", "str_replace_based_edit_tool")
+"""Tools read by the ``editor`` classifier unless their rule says otherwise."""
+
+PATH_ARGUMENTS: tuple[str, ...] = (
+    "path", "file_path", "filepath", "file", "filename", "target_file", "absolute_path", "relative_path",
+    "notebook_path",
+)  # fmt: skip
+"""Arguments of a tool that is not a shell which name the file a call reads (or writes)."""
 
 DEFAULT_ERROR_WHEN: tuple[str, ...] = (
     # a non-zero return code, as shell tools report it: <returncode>2</returncode>
@@ -101,18 +123,21 @@ class ToolRule:
     ``mutates``: every successful call changes state. ``mutates_when``: a
     successful call changes state when this predicate (on the parsed
     arguments) holds, or one of these argument patterns matches.
-    ``classifier``: ``"shell"`` reads the command of a shell tool; ``"none"``
-    turns that off; ``None`` means the default (``"shell"`` for the tools named
-    in ``treellm.shell.DEFAULT_SHELL_TOOLS``). ``error_when``: regexes on the
+    ``classifier``: ``"shell"`` reads the command of a shell tool; ``"editor"``
+    a file editor's command; ``"none"`` turns that off; ``None`` means the
+    default (``"shell"`` for the tools named in ``treellm.shell.DEFAULT_SHELL_TOOLS``,
+    ``"editor"`` for :data:`DEFAULT_EDITOR_TOOLS`). ``error_when``: regexes on the
     result text that mark a call failed; ``None`` means
     :data:`DEFAULT_ERROR_WHEN`, ``()`` means the text never marks a failure.
-    Invalid values raise ``ConfigError``.
+    ``read_only``: regexes on the command (other tools: the canonical arguments)
+    of calls that never change state. Invalid values raise ``ConfigError``.
     """
 
     mutates: bool = False
     mutates_when: MutatesWhen | Sequence[ArgumentPattern] | None = None
     classifier: Classifier | None = None
     error_when: Sequence[str] | None = None
+    read_only: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.mutates, bool):
@@ -128,17 +153,19 @@ class ToolRule:
         elif when is not None and not callable(when):
             raise _config_error("mutates_when", "a callable or ArgumentPattern values", when)
         if self.classifier is not None and self.classifier not in get_args(Classifier):
-            raise _config_error("classifier", "shell or none", self.classifier)
-        errors = self.error_when
-        if errors is not None:
-            if isinstance(errors, str) or not isinstance(errors, Sequence):
-                raise _config_error("error_when", "a list of regular expressions", errors)
-            for regex in errors:
+            raise _config_error("classifier", "shell, editor or none", self.classifier)
+        for name in ("error_when", "read_only"):
+            regexes = getattr(self, name)
+            if regexes is None:
+                continue
+            if isinstance(regexes, str) or not isinstance(regexes, Sequence):
+                raise _config_error(name, "a list of regular expressions", regexes)
+            for regex in regexes:
                 try:
                     re.compile(regex)
                 except (re.error, TypeError) as exc:
-                    raise _config_error("error_when", "a regular expression", regex) from exc
-            object.__setattr__(self, "error_when", tuple(errors))
+                    raise _config_error(name, "a regular expression", regex) from exc
+            object.__setattr__(self, name, tuple(regexes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,13 +187,16 @@ def merge_rule(code: ToolRule | None, filed: ToolLimits | None) -> ToolRule:
         rule.mutates_when if filed.mutates_when is None else filed.mutates_when,
         rule.classifier if filed.classifier is None else filed.classifier,
         rule.error_when if filed.error_when is None else filed.error_when,
+        rule.read_only if filed.read_only is None else filed.read_only,
     )
 
 
 def _classifier(rule: ToolRule, tool: str) -> Classifier:
     if rule.classifier is not None:
         return rule.classifier
-    return "shell" if tool in DEFAULT_SHELL_TOOLS else "none"
+    if tool in DEFAULT_SHELL_TOOLS:
+        return "shell"
+    return "editor" if tool in DEFAULT_EDITOR_TOOLS else "none"
 
 
 def _argument_text(value: object) -> str:
@@ -183,6 +213,71 @@ def _pattern_matches(pattern: ArgumentPattern, arguments: object) -> bool:
     return re.search(pattern.matches, text) is not None
 
 
+@dataclass(frozen=True, slots=True)
+class CallTargets:
+    """What one call reads and, when it succeeds, whether it changes state and what it writes
+    (``None``: cannot be known)."""
+
+    reads: Paths
+    writes: Paths
+    changes_state: bool
+
+
+@functools.lru_cache(maxsize=8192)
+def _shell(command: str) -> CommandTargets:
+    return command_targets(command)
+
+
+def _path_argument(value: object) -> Paths:
+    if not isinstance(value, Mapping):
+        return None
+    for name in PATH_ARGUMENTS:
+        path = value.get(name)
+        if isinstance(path, str) and path.strip():
+            return frozenset({posixpath.normpath(path.strip())})
+    return None
+
+
+def _explicitly_mutates(rule: ToolRule, value: object) -> bool:
+    if rule.mutates:
+        return True
+    when = rule.mutates_when
+    if isinstance(when, tuple):
+        return any(_pattern_matches(p, value) for p in when)
+    return callable(when) and bool(when(value))
+
+
+def _read_only(rule: ToolRule, text: str) -> bool:
+    return bool(rule.read_only) and any(p.search(text) for p in _compiled(tuple(rule.read_only or ())))
+
+
+def call_targets(rule: ToolRule, tool: str, arguments: object) -> CallTargets:
+    """The targets of a call of ``tool`` with ``arguments`` (JSON text, bytes or the parsed
+    value; see the module docstring). Never raises on the call's data."""
+    value = parse_arguments(arguments)
+    explicit = _explicitly_mutates(rule, value)
+    classifier = _classifier(rule, tool)
+    if classifier == "shell":
+        command = command_text(value.text if isinstance(value, RawArguments) else value)
+        if command is None:
+            return CallTargets(None, None, True)
+        found = _shell(command)
+        if _read_only(rule, command) and not explicit:
+            return CallTargets(found.known_reads, frozenset(), False)
+        if found.effect == "read" and not explicit:
+            return CallTargets(found.known_reads, frozenset(), False)
+        return CallTargets(found.known_reads, found.known_writes if found.effect != "read" else None, True)
+    path = _path_argument(value)
+    if classifier == "editor" and isinstance(value, Mapping):
+        writes = value.get("command") != "view"
+        if not writes and not explicit:
+            return CallTargets(path, frozenset(), False)
+        return CallTargets(path, path, True)
+    if explicit:
+        return CallTargets(path, path, True)
+    return CallTargets(path, frozenset(), False)
+
+
 def changes_state(rule: ToolRule, tool: str, arguments: object) -> bool:
     """True when a *successful* call of ``tool`` with ``arguments`` changes state.
 
@@ -190,20 +285,7 @@ def changes_state(rule: ToolRule, tool: str, arguments: object) -> bool:
     JSON text; text that is not JSON is, for a shell tool, the command itself).
     Failure is the caller's to apply: a failed call never changes state.
     """
-    if rule.mutates:
-        return True
-    value = parse_arguments(arguments)
-    when = rule.mutates_when
-    if when is not None:
-        if isinstance(when, tuple):
-            if any(_pattern_matches(p, value) for p in when):
-                return True
-        elif callable(when) and when(value):
-            return True
-    if _classifier(rule, tool) == "shell":
-        command = command_text(value.text if isinstance(value, RawArguments) else value)
-        return command is None or classify_command(command) != "read"
-    return False
+    return call_targets(rule, tool, arguments).changes_state
 
 
 def is_failure(rule: ToolRule, result_text: str, *, raised: bool = False, status_error: bool = False) -> bool:
@@ -362,3 +444,16 @@ class RepeatPolicy:
     def state_change(self, tool: str, arguments: object, *, failed: bool) -> bool:
         """True when a call that ran restarts the other counts on its path (never when it failed)."""
         return not failed and changes_state(self.rule(tool), tool, arguments)
+
+    def targets(self, tool: str, arguments: object) -> CallTargets:
+        """:func:`call_targets` with ``tool``'s rule."""
+        return call_targets(self.rule(tool), tool, arguments)
+
+    def extend(
+        self, path: PathSignatures, key: CallKey, arguments: object, node_id: str | None = None, *, succeeded: bool
+    ) -> PathSignatures:
+        """``path`` with the call added: what it reads, and, when it ``succeeded`` and
+        changes state, what it wrote (the one place the runtime and ingest extend paths)."""
+        found = self.targets(key.tool, arguments)
+        mutates = succeeded and found.changes_state
+        return path.extend(key, node_id, mutates=mutates, reads=found.reads, writes=found.writes)

@@ -459,7 +459,7 @@ class Run:
                     caught.append(_Caught(pruned, key))
                     continue
             node_id = self.new_node_id()
-            turn_path = turn_path.extend(key, node_id)
+            turn_path = tree.policy.extend(turn_path, key, value, node_id, succeeded=False)
             accepted.append(_Accepted(call_id, node_id, call.name, raw, value, key, decision, decision.caught, problem))
         return accepted, caught, call_order
 
@@ -640,13 +640,13 @@ class Run:
             for call in accepted:
                 assert call.node is not None
                 messages = (*branch.messages, *_turn_messages(text, [call.node], answers, order))
-                path = branch.path.extend(call.key, call.node_id, mutates=self._mutated(tree, call))
+                path = tree.policy.extend(branch.path, call.key, call.value, call.node_id, succeeded=self._ran(call))
                 children.append(Branch(tree, messages, path, branch.depth + 1, call.node_id))
             return children
         tool_nodes = [c.node for c in accepted if c.node is not None]
         path = branch.path
         for call in accepted:
-            path = path.extend(call.key, call.node_id, mutates=self._mutated(tree, call))
+            path = tree.policy.extend(path, call.key, call.value, call.node_id, succeeded=self._ran(call))
         turn = _turn_messages(text, tool_nodes, answers, order)
         if tree.config.branching == "fork":  # only nudge/cache answers: one continuation
             child = Branch(tree, (*branch.messages, *turn), path, branch.depth + 1, think.id)
@@ -659,11 +659,10 @@ class Run:
         messages = (*branch.messages, *turn) if not collapse.compressed else self._compressed_context(branch, collapse)
         return [Branch(tree, messages, path, branch.depth + 1, collapse_id)]
 
-    def _mutated(self, tree: SubTree, call: _Accepted) -> bool:
-        """True when the call ran, succeeded and changed state (``engine/repeats.py``)."""
-        if call.node is None or call.node.status != NodeStatus.COMPLETED:
-            return False
-        return tree.policy.state_change(call.name, call.value, failed=False)
+    @staticmethod
+    def _ran(call: _Accepted) -> bool:
+        """True when the call ran and succeeded (its state change then counts, ``engine/repeats.py``)."""
+        return call.node is not None and call.node.status == NodeStatus.COMPLETED
 
     async def _collapse(
         self, branch: Branch, think: ThinkNode, tool_nodes: list[ToolNode], turn: list[Message]

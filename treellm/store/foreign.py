@@ -32,6 +32,7 @@ import pandas as pd
 from treellm import settings
 from treellm.engine import repeats
 from treellm.engine.tools import result_hash
+from treellm.loop import CallKey
 from treellm.signature import RawArguments, canonical_json, hash_text, parse_arguments, signature
 from treellm.store.trees import SpanFacts, place_traces
 from treellm.telemetry import conventions
@@ -287,13 +288,14 @@ def _keyed_from_parents(con: duckdb.DuckDBPyConnection, spans: dict[str, list[An
 
 
 def _span_facts(spans: dict[str, list[Any]]) -> list[SpanFacts]:
-    keys: dict[tuple[str, str], tuple[str, bool]] = {}
+    keys: dict[tuple[str, str], tuple[CallKey, repeats.CallTargets]] = {}
 
-    def call(tool: str, args: str) -> tuple[str, bool]:
+    def call(tool: str, args: str) -> tuple[CallKey, repeats.CallTargets]:
         found = keys.get((tool, args))
         if found is None:
             value, text = _canonical(args)
-            found = keys[(tool, args)] = (f"{tool}\x00{text}", repeats.changes_state(_DEFAULT_RULE, tool, value))
+            key = CallKey(tool, text, raw=isinstance(value, RawArguments))
+            found = keys[(tool, args)] = (key, repeats.call_targets(_DEFAULT_RULE, tool, value))
         return found
 
     out = []
@@ -303,10 +305,18 @@ def _span_facts(spans: dict[str, list[Any]]) -> list[SpanFacts]:
         spans["flagged"], spans["failed"], strict=True,
     ):  # fmt: skip
         counted = tool is not None and operation == "execute_tool" and not internal
-        key, changes = call(tool, args or "") if counted else (None, False)
         role = _ROLES.get(operation or "", "other")
-        changes_state = counted and not failed and changes
-        out.append(SpanFacts(trace, span, parent, start, end, role, key, agent, flagged, changes_state))
+        if counted:
+            key, targets = call(tool, args or "")
+            changes_state = not failed and targets.changes_state
+            out.append(
+                SpanFacts(
+                    trace, span, parent, start, end, role, key, agent, flagged, changes_state,
+                    targets.reads, targets.writes,
+                )
+            )  # fmt: skip
+        else:
+            out.append(SpanFacts(trace, span, parent, start, end, role, None, agent, flagged))
     return out
 
 

@@ -17,9 +17,10 @@
   0 under the node that was current when it started. Tool calls before any LLM span
   hang from the run (parent ``None``, depth 0).
 - **ordinal**: 1 + the earlier calls on the path with the same key (the tool name and the
-  canonical text of its arguments, never a hash) since the path's last state change other
-  than this key's own (``docs/architecture.md``); ``earlier`` names them (span ids).
-  Framework-internal calls have no key and no ordinal.
+  canonical text of its arguments, never a hash) that count: counted by
+  :class:`treellm.loop.PathSignatures`, the runtime's own rule (a state change restarts
+  the counts of the calls that read what it wrote; ``docs/architecture.md``);
+  ``earlier`` names them (span ids). Framework-internal calls have no key and no ordinal.
 
 Input order does not matter: a run's spans that arrived before its root are placed
 again when the root arrives (the caller recomputes whole traces).
@@ -32,6 +33,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from treellm.loop import CallKey, Paths, PathSignatures
+
 __all__ = ["Placement", "SpanFacts", "place_trace", "place_traces"]
 
 NodeKind = Literal["think", "tool"]
@@ -40,7 +43,8 @@ NodeKind = Literal["think", "tool"]
 @dataclass(frozen=True, slots=True)
 class SpanFacts:
     """One span of a trace as the placement needs it. ``role`` is the conventions' role;
-    ``call_key`` is ``tool + "\\x00" + canonical arguments`` for a counted tool call."""
+    ``call_key`` is the key of a counted tool call; ``reads`` and ``writes`` its targets
+    (``treellm.engine.repeats.call_targets``; None: cannot be known)."""
 
     trace_id: str
     span_id: str
@@ -48,12 +52,14 @@ class SpanFacts:
     start_ns: int
     end_ns: int
     role: str
-    call_key: str | None = None
+    call_key: CallKey | None = None
     agent_name: str | None = None
     flagged_orphan: bool = False
     changes_state: bool = False
     """A successful call that changed state (the tool's state-change rule): it restarts the
-    counts of every other call key on its path; its own key keeps counting."""
+    counts of the other call keys on its path that read what it wrote; its own key keeps counting."""
+    reads: Paths = None
+    writes: Paths = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +137,7 @@ def _place_path(members: Sequence[SpanFacts], base_parent: str | None) -> dict[s
     placed: dict[str, _Node] = {}
     think: str | None = None
     depth = 0
-    earlier: dict[str, list[str]] = {}
+    path = PathSignatures.empty()
     for span in sorted(members, key=_order):
         parent = think if think is not None else base_parent
         if span.role == "llm":
@@ -142,11 +148,11 @@ def _place_path(members: Sequence[SpanFacts], base_parent: str | None) -> dict[s
         ordinal: int | None = None
         before: tuple[str, ...] = ()
         if span.call_key is not None:
-            same = earlier.setdefault(span.call_key, [])
-            ordinal, before = len(same) + 1, tuple(same)
-            same.append(span.span_id)
-            if span.changes_state:
-                earlier = {span.call_key: same}
+            before = tuple(i for i in path.earlier(span.call_key) if i is not None)
+            ordinal = len(before) + 1
+            path = path.extend(
+                span.call_key, span.span_id, mutates=span.changes_state, reads=span.reads, writes=span.writes
+            )
         placed[span.span_id] = ("tool", parent, depth if think is not None else 0, ordinal, before)
     return placed
 

@@ -379,6 +379,12 @@ _PROGRAMS: Final[Mapping[str, Rule]] = MappingProxyType(
         "mawk": _awk,
         "perl": _perl,
         "tee": _tee,
+        # SWE-agent's file commands (it runs them in its shell)
+        **dict.fromkeys(("open", "goto", "search_file", "search_dir", "find_file", "filemap"), _read),
+        **dict.fromkeys(("create", "edit"), _write),
+        "str_replace_editor": _subcommand(
+            read=frozenset({"view"}), write=frozenset({"create", "str_replace", "insert", "undo_edit"})
+        ),
         "dd": _dd,
         "sort": _sort,
         "uniq": _uniq,

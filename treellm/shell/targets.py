@@ -1,0 +1,484 @@
+"""Which paths a shell command reads and writes (the **targets** of ``docs/architecture.md``).
+
+Contract:
+
+- :func:`command_targets` parses the command once (the tree-sitter grammar of
+  ``_effect.py``) and returns its :class:`CommandTargets`: the effect that
+  :func:`~treellm.shell.classify_command` gives, plus the paths read and the paths
+  written. ``None`` means "cannot be known": an unknown program (a script, a test
+  runner) reads and writes ``None``; a known writer whose targets cannot be named
+  (``pip install``, ``git checkout BRANCH``, ``rm $X``) writes ``None``; a program
+  whose output depends on more than files (``date``, ``ps``, ``git log``) reads ``None``.
+- Known targets: redirections (``> f``, ``>> f``, ``< f``) and heredocs into files;
+  ``sed -i``, ``cp``, ``mv``, ``rm``, ``tee``, ``touch``, ``mkdir``, ``ln``, ``dd of=``,
+  ``sort -o``; ``git checkout/restore [--] PATHS``; ``patch``/``git apply`` fed a
+  patch text in a heredoc (the ``+++`` lines name the files); the files of ``cat``,
+  ``sed -n``, ``head``, ``tail``, ``grep``, ``nl``, ``wc``, ``diff``, ``awk``, ``find``,
+  ``ls``... A recursive search with no path reads ``.``. SWE-agent's file commands
+  (``open``, ``create``, ``str_replace_editor``) are read like programs.
+- Relative paths are joined onto a ``cd DIR`` earlier in the same command; after a
+  ``cd`` that cannot be read (``cd $X``, ``cd -``) relative targets are ``None``.
+  A glob stands for its directory (``rm build/*.o`` writes ``build``).
+- :func:`paths_overlap` says whether a write to one path can change what a read of
+  another shows: the same path, or one inside the other. An absolute and a relative
+  path overlap when the relative one can sit inside the absolute one (the working
+  directory is not known), and ``.`` overlaps everything.
+
+Pure; never raises on any input text. Costs about one parse more than nothing: the
+runtime calls it once per distinct command (callers cache by text).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from tree_sitter import Node
+
+from treellm.shell._effect import (
+    ShellEffect,
+    _command_effect,
+    _command_words,
+    _count_option,
+    _fallback_effect,
+    _parse,
+    _redirect_effect,
+    _word,
+    _worst,
+)
+
+__all__ = ["CommandTargets", "command_targets", "paths_overlap"]
+
+Paths = frozenset[str] | None
+"""Normalised paths, or None: cannot be known."""
+
+_NOTHING: Final[frozenset[str]] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class CommandTargets:
+    """What one command does and to which paths.
+
+    ``effect`` is :func:`~treellm.shell.classify_command`'s answer. ``reads`` and
+    ``writes`` are the paths known to be read and written; ``reads_unknown`` /
+    ``writes_unknown`` say that more may be (an unknown program, a writer whose
+    targets cannot be named). ``writes`` is empty when the effect is ``read``.
+    ``programs`` holds the words of each simple command of unknown effect (scripts,
+    test runners), for callers that know more about them.
+    """
+
+    effect: ShellEffect
+    reads: frozenset[str]
+    writes: frozenset[str]
+    reads_unknown: bool
+    writes_unknown: bool
+    programs: tuple[tuple[str, ...], ...] = ()
+
+    @property
+    def known_reads(self) -> Paths:
+        """The paths read, or None when more may be read."""
+        return None if self.reads_unknown else self.reads
+
+    @property
+    def known_writes(self) -> Paths:
+        """The paths written, or None when more may be written."""
+        return None if self.writes_unknown else self.writes
+
+
+# --------------------------------------------------------------------------- paths
+
+_GLOB: Final = re.compile(r"[*?\[]")
+
+
+def _normal(path: str, cwd: str | None) -> str | None:
+    """``path`` joined onto ``cwd`` and normalised; None when it cannot be placed."""
+    if not path:
+        return None
+    if _GLOB.search(path):
+        head = path[: _GLOB.search(path).start()]  # type: ignore[union-attr]
+        path = head.rsplit("/", 1)[0] if "/" in head else "."
+        path = path or "/"
+    if not path.startswith(("/", "~")):
+        if cwd is None:
+            return None
+        path = posixpath.join(cwd, path) if cwd else path
+    return posixpath.normpath(path)
+
+
+def _parts(path: str) -> tuple[bool, tuple[str, ...]]:
+    return path.startswith("/"), tuple(p for p in path.split("/") if p and p != ".")
+
+
+def _prefix_related(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    n = min(len(a), len(b))
+    return a[:n] == b[:n]
+
+
+def paths_overlap(a: str, b: str) -> bool:
+    """Whether a write to ``a`` can change what a read of ``b`` shows (symmetric)."""
+    a_abs, a_parts = _parts(a)
+    b_abs, b_parts = _parts(b)
+    if not a_parts or not b_parts or ".." in a_parts[:1] or ".." in b_parts[:1]:
+        return True  # the working directory, the root, or above it: everything
+    if a_abs == b_abs:
+        return _prefix_related(a_parts, b_parts)
+    rel, absolute = (a_parts, b_parts) if b_abs else (b_parts, a_parts)
+    return any(_prefix_related(absolute[i:], rel) for i in range(len(absolute)))
+
+
+def any_overlap(writes: Iterable[str], reads: Iterable[str]) -> bool:
+    """Whether any written path overlaps any read path."""
+    read_list = tuple(reads)
+    return any(paths_overlap(w, r) for w in writes for r in read_list)
+
+
+# --------------------------------------------------------------------------- per program
+
+
+def _operands(args: Sequence[str], with_value: frozenset[str] = _NOTHING) -> list[str]:
+    """Arguments that are not options (everything after ``--``), skipping option values."""
+    out: list[str] = []
+    skip = False
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+        elif arg == "--":
+            out.extend(args[i + 1 :])
+            break
+        elif arg in with_value:
+            skip = True
+        elif not arg.startswith("-") or arg == "-":
+            out.append(arg)
+    return [a for a in out if a != "-"]
+
+
+_Found = tuple[Sequence[str] | None, Sequence[str] | None]
+"""(paths read, paths written) as written in the command; None: cannot be known."""
+
+_READ_FILES: Final = frozenset(
+    {"cat", "tac", "nl", "less", "more", "wc", "diff", "sdiff", "cmp", "comm", "strings", "od", "hexdump",
+     "md5sum", "sha1sum", "sha256sum", "sha512sum", "cksum", "file", "stat", "zcat", "bzcat", "xzcat",
+     "base64", "paste", "join", "cut", "fold", "fmt", "column", "expand", "unexpand", "rev", "realpath",
+     "readlink", "basename", "dirname"}
+)  # fmt: skip
+_READ_DIRS: Final = frozenset({"ls", "tree", "du"})
+_PURE: Final = frozenset(
+    {"echo", "printf", "pwd", "true", "false", ":", "test", "[", "export", "set", "unset", "shopt", "alias",
+     "sleep", "seq", "expr", "exit", "return", "break", "continue", "shift", "let", "type", "which", "hash",
+     "command", "clear", "wait", "trap", "umask", "ulimit", "read", "local", "declare", "source", "."}
+)  # fmt: skip
+_REMOVERS: Final = frozenset({"rm", "rmdir", "mkdir", "touch", "shred", "unlink", "truncate", "mkfifo"})
+_MODE_FIRST: Final = frozenset({"chmod", "chown", "chgrp"})
+_GREP: Final = frozenset({"grep", "egrep", "fgrep", "zgrep"})
+_SEARCHERS: Final = frozenset({"rg", "ag", "ack"})
+_GREP_VALUE: Final = frozenset(
+    {"-e", "-f", "-m", "-A", "-B", "-C", "-d", "-D", "--regexp", "--file", "--max-count", "--context",
+     "--after-context", "--before-context", "--include", "--exclude", "--exclude-dir", "--label", "--color"}
+)  # fmt: skip
+_RG_VALUE: Final = frozenset(
+    {"-e", "-f", "-g", "-m", "-A", "-B", "-C", "-t", "-T", "--glob", "--type", "--type-not", "-j", "-M",
+     "--max-count", "--context", "--regexp"}
+)  # fmt: skip
+_PATCH_TARGET: Final = re.compile(r"^\+\+\+ (\S+)", re.MULTILINE)
+_SWE_READ: Final = frozenset({"open", "search_file", "search_dir", "find_file", "filemap"})
+
+
+def _grep(program: str, args: Sequence[str]) -> _Found:
+    with_value = _GREP_VALUE if program in _GREP else _RG_VALUE
+    operands = _operands(args, with_value)
+    pattern_given = any(a in {"-e", "-f", "--regexp", "--file"} or a.startswith(("--regexp=", "-e")) for a in args)
+    files = operands if pattern_given else operands[1:]
+    if files:
+        return files, ()
+    recursive = program in _SEARCHERS or any(
+        a in {"-r", "-R", "--recursive"} or (a.startswith("-") and not a.startswith("--") and ("r" in a or "R" in a))
+        for a in args
+    )
+    return (["."] if recursive else []), ()
+
+
+def _sed(args: Sequence[str]) -> _Found:
+    scripted = any(a in {"-e", "-f", "--expression", "--file"} for a in args)
+    operands = _operands(args, frozenset({"-e", "-f", "-l", "--expression", "--file"}))
+    files = operands if scripted else operands[1:]
+    in_place = any(a == "--in-place" or a.startswith("--in-place=") for a in args) or any(
+        a.startswith("-") and not a.startswith("--") and "i" in a[1:].split(".", 1)[0] for a in args
+    )
+    return (files, files) if in_place else (files, ())
+
+
+def _awk(args: Sequence[str]) -> _Found:
+    from_file = any(a == "-f" or a.startswith("--file") for a in args)
+    operands = _operands(args, frozenset({"-F", "-v", "-f", "--field-separator", "--assign", "--file"}))
+    files = [a for a in (operands if from_file else operands[1:]) if "=" not in a]
+    return files, ()
+
+
+def _find(args: Sequence[str], effect: ShellEffect) -> _Found:
+    starts: list[str] = []
+    for arg in args:
+        if arg.startswith(("-", "(", "!")) and arg not in {"-", "--"}:
+            break
+        starts.append(arg)
+    starts = starts or ["."]
+    if effect == "read":
+        return starts, ()
+    return (starts, starts) if "-delete" in args and "-exec" not in args else (None, None)
+
+
+def _copy(program: str, args: Sequence[str]) -> _Found:
+    with_value = frozenset({"-t", "-S", "--target-directory", "--suffix", "-o", "-g", "-m"})
+    target = next((args[i + 1] for i, a in enumerate(args[:-1]) if a in {"-t", "--target-directory"}), None)
+    operands = _operands(args, with_value)
+    if target is None:
+        if len(operands) < 2:
+            return None, None
+        target, operands = operands[-1], operands[:-1]
+    if program == "mv":
+        return list(operands), [*operands, target]
+    return list(operands), [target]
+
+
+def _patch_targets(body: str | None) -> list[str] | None:
+    if not body:
+        return None
+    found = []
+    for name in _PATCH_TARGET.findall(body):
+        if name == "/dev/null":
+            continue
+        found.append(name[2:] if name.startswith(("a/", "b/")) else name)
+    return found or None
+
+
+def _git(args: Sequence[str], body: str | None) -> _Found:
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        i += 2 if args[i] in {"-C", "-c", "--git-dir", "--work-tree"} else 1
+    if i >= len(args):
+        return None, _NOTHING_SEQ
+    sub, rest = args[i], list(args[i + 1 :])
+    if sub in {"checkout", "restore"}:
+        if "--" in rest:
+            paths = rest[rest.index("--") + 1 :]
+            return paths, paths
+        operands = [a for a in rest if not a.startswith("-")]
+        if sub == "restore" or (operands and all("." in a or "/" in a for a in operands)):
+            return operands, operands
+        return None, None
+    if sub == "apply":
+        if any(a in {"--check", "--stat", "--numstat", "--summary"} for a in rest):
+            return None, _NOTHING_SEQ
+        return None, _patch_targets(body)
+    if sub in {"diff", "log", "show", "blame", "status"} and "--" in rest:
+        return rest[rest.index("--") + 1 :], _NOTHING_SEQ
+    return None, _NOTHING_SEQ
+
+
+_NOTHING_SEQ: Final[tuple[str, ...]] = ()
+
+
+def _swe_agent(program: str, args: Sequence[str]) -> _Found:
+    """SWE-agent's file commands, which it runs as shell commands."""
+    if program == "str_replace_editor":
+        if len(args) >= 2 and args[0] == "view":
+            return [args[1]], ()
+        if len(args) >= 2 and args[0] in {"create", "str_replace", "insert", "undo_edit"}:
+            return [args[1]], [args[1]]
+        return None, None
+    if program == "create":
+        return (), list(args[:1]) or None
+    if program in {"open", "search_file"}:
+        files = list(args[:1]) if program == "open" else list(args[1:2])
+        return files or None, ()
+    if program in {"search_dir", "find_file"}:
+        return list(args[1:2]) or ["."], ()
+    return None, ()
+
+
+def _program_targets(argv: Sequence[str], effect: ShellEffect, body: str | None) -> _Found:
+    """(read, written) paths of one simple command as written; None: cannot be known."""
+    program = posixpath.basename(argv[0]) if "/" in argv[0] and not argv[0].startswith(".") else argv[0]
+    args = argv[1:]
+    if program in _PURE:
+        return (), ()
+    if program in _READ_FILES:
+        return _operands(args), ()
+    if program in _READ_DIRS:
+        return _operands(args) or ["."], ()
+    if program in {"head", "tail"}:
+        parsed = _count_option(args, program=program)
+        return (list(parsed[1]) if parsed is not None else None), ()
+    if program in _GREP or program in _SEARCHERS:
+        return _grep(program, args)
+    if program in {"sed", "gsed"}:
+        return _sed(args)
+    if program in {"awk", "gawk", "mawk"} and effect == "read":
+        return _awk(args)
+    if program == "find":
+        return _find(args, effect)
+    if program == "jq":
+        return _operands(args, frozenset({"--arg", "--argjson", "-f"}))[1:], ()
+    if program == "sort":
+        out = [a[2:] or "" for a in args if a.startswith("-o")] + [
+            args[i + 1] for i, a in enumerate(args[:-1]) if a in {"-o", "--output"}
+        ]
+        return _operands(args, frozenset({"-o", "--output", "-k", "-t", "-S"})), [o for o in out if o]
+    if program == "uniq":
+        operands = _operands(args, frozenset({"-f", "-s", "-w"}))
+        return operands[:1], operands[1:2]
+    if program == "tee":
+        return (), _operands(args)
+    if program in _REMOVERS:
+        return (), _operands(args, frozenset({"-m", "-s", "--mode", "--size"})) or None
+    if program in _MODE_FIRST:
+        return (), _operands(args, frozenset({"--reference"}))[1:] or None
+    if program in {"cp", "mv", "install"}:
+        return _copy(program, args)
+    if program == "ln":
+        operands = _operands(args, frozenset({"-t", "-S"}))
+        return (), operands[-1:] or None
+    if program == "dd":
+        return [a[3:] for a in args if a.startswith("if=")], [a[3:] for a in args if a.startswith("of=")]
+    if program == "patch":
+        operands = _operands(args, frozenset({"-i", "-p", "-d", "-o", "-r", "-B", "-D", "-F", "-z", "-V"}))
+        return None, (operands[:1] or _patch_targets(body))
+    if program == "git":
+        return _git(args, body)
+    if program in {"str_replace_editor", "create"} | _SWE_READ:
+        return _swe_agent(program, args)
+    if effect == "read":
+        return None, ()
+    return None, None
+
+
+# --------------------------------------------------------------------------- the walk
+
+
+def _heredoc_body(node: Node) -> str | None:
+    parent = node.parent
+    if parent is None or parent.type != "redirected_statement":
+        return None
+    for child in parent.children:
+        if child.type == "heredoc_redirect":
+            body = next((c for c in child.children if c.type == "heredoc_body"), None)
+            return (body.text or b"").decode("utf-8", "replace") if body is not None else None
+    return None
+
+
+def _resolved(paths: Sequence[str] | None, cwd: str | None) -> Paths:
+    if paths is None:
+        return None
+    out = []
+    for path in paths:
+        if path in {"/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty"} or path.startswith("/dev/fd/"):
+            continue
+        placed = _normal(path, cwd)
+        if placed is None:
+            return None
+        out.append(placed)
+    return frozenset(out)
+
+
+def _in_order(root: Node) -> list[Node]:
+    """Commands and file redirections in text order (a pre-order walk)."""
+    out: list[Node] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node.type in {"command", "file_redirect"}:
+            out.append(node)
+        stack.extend(reversed(node.children))
+    out.sort(key=lambda n: n.start_byte)
+    return out
+
+
+def _cd(words: Sequence[str], cwd: str | None) -> str | None:
+    if len(words) != 2 or words[1] in {"-", "~"} or words[1].startswith("~"):
+        return None
+    if words[1].startswith("/"):
+        return posixpath.normpath(words[1])
+    return None if cwd is None else posixpath.normpath(posixpath.join(cwd, words[1])) if cwd else words[1]
+
+
+def _command_part(node: Node, cwd: str | None) -> tuple[ShellEffect, Paths, Paths, str | None, tuple[str, ...] | None]:
+    """(effect, reads, writes, the working directory after it, the words of an unknown
+    program) of one command node."""
+    words = _command_words(node)
+    if words is None:
+        return "read", _NOTHING, _NOTHING, cwd, None
+    argv = [w.text for w in words]
+    if words[0].dynamic:
+        return "unknown", None, None, cwd, tuple(argv)
+    if argv[0] in {"cd", "pushd"}:
+        return "read", _NOTHING, _NOTHING, None if any(w.dynamic for w in words) else _cd(argv, cwd), None
+    effect = _command_effect(node)
+    if argv[0] in {"bash", "sh"} and "-c" in argv[1:-1]:
+        inner = command_targets(argv[argv.index("-c", 1) + 1])
+        return inner.effect, inner.known_reads, inner.known_writes, cwd, None
+    if effect == "unknown":
+        return effect, None, None, cwd, tuple(argv)
+    reads, writes = _program_targets(argv, effect, _heredoc_body(node))
+    if any(w.dynamic for w in words[1:]):
+        reads, writes = None, (None if effect != "read" else writes)
+    read_paths = _resolved(reads, cwd)
+    write_paths = _NOTHING if effect == "read" else _resolved(writes, cwd)
+    if effect == "write" and write_paths == _NOTHING:
+        write_paths = None  # a writer whose targets were not found: they cannot be known
+    return effect, read_paths, write_paths, cwd, None
+
+
+def _redirect_part(node: Node, cwd: str | None) -> tuple[ShellEffect, Paths, Paths]:
+    effect = _redirect_effect(node)
+    destination = node.child_by_field_name("destination")
+    if destination is None:
+        return effect, _NOTHING, _NOTHING
+    word = _word(destination)
+    operator = next((c.type for c in node.children if not c.is_named), "")
+    if word.dynamic:
+        return effect, (None if operator == "<" else _NOTHING), (None if effect == "write" else _NOTHING)
+    if effect == "write":
+        return effect, _NOTHING, _resolved([word.text], cwd)
+    if operator == "<":
+        return effect, _resolved([word.text], cwd), _NOTHING
+    return effect, _NOTHING, _NOTHING
+
+
+def command_targets(command: str) -> CommandTargets:
+    """The effect of ``command`` and the paths it reads and writes (see the module docstring).
+
+    Never raises; text the parser cannot read gets ``classify_command``'s conservative
+    effect with unknown targets.
+    """
+    tree = _parse(command)
+    if tree is None:
+        effect = _fallback_effect(command)
+        return CommandTargets(effect, _NOTHING, _NOTHING, True, effect != "read")
+    effects: list[ShellEffect] = []
+    reads: set[str] = set()
+    writes: set[str] = set()
+    reads_unknown = writes_unknown = False
+    programs: list[tuple[str, ...]] = []
+    cwd: str | None = ""
+    for node in _in_order(tree.root_node):
+        if node.type == "command":
+            effect, r, w, cwd, program = _command_part(node, cwd)
+            if program is not None:
+                programs.append(program)
+        else:
+            effect, r, w = _redirect_part(node, cwd)
+        effects.append(effect)
+        if r is None:
+            reads_unknown = True
+        else:
+            reads |= r
+        if w is None:
+            writes_unknown = True
+        else:
+            writes |= w
+    effect = _worst(effects)
+    if effect == "read":
+        return CommandTargets(effect, frozenset(reads), _NOTHING, reads_unknown, False)
+    return CommandTargets(effect, frozenset(reads), frozenset(writes), reads_unknown, writes_unknown, tuple(programs))
