@@ -1,10 +1,12 @@
 """Repeats judged right on real agents: treellm's answers against a hand-labelled set.
 
-``tests/data/mini-swe-agent/`` holds 22 real SWE-bench trajectories of a coding agent with one
-``bash`` tool and two label files written by reading the calls (``LABELS.md`` says how):
-``repeats.jsonl`` (every exact repeat: wasted or needed, with a reason) and ``pairs.jsonl``
-(consecutive similar commands: paging, near or different, with a reason). ``repeats()`` and
-``near_repeats()`` are scored on them, and ``tune`` must not advise raising ``bash``.
+``tests/data/mini-swe-agent/`` holds 29 real SWE-bench trajectories of a coding agent with one
+``bash`` tool, ``tests/data/swe-agent/`` 22 trajectories of another (SWE-agent), each set with
+two label files written by reading the calls (``LABELS.md`` says how): ``repeats.jsonl``
+(every identical call: wasted or needed, with a reason) and ``pairs.jsonl`` (consecutive
+similar commands: paging, near or different, with a reason). ``repeats()`` and
+``near_repeats()`` are scored on them, precision and recall each with its counts, and
+``tune`` must not advise raising ``bash``.
 """
 
 from __future__ import annotations
@@ -19,18 +21,29 @@ import pytest
 from treellm.analysis import near_repeats, repeats, tune
 from treellm.store import ingest, open_store
 
-DATA = Path(__file__).parent / "data" / "mini-swe-agent"
+DATA = Path(__file__).parent / "data"
+SETS = {
+    # label set -> (trajectory files, the label folder)
+    "mini-swe-agent": (sorted((DATA / "mini-swe-agent").glob("*/*.traj.json")), DATA / "mini-swe-agent"),
+    "swe-agent": (sorted((DATA / "swe-agent").glob("*.traj")), DATA / "swe-agent-labels"),
+}
 
 
-def _labels(name: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (DATA / name).read_text(encoding="utf-8").splitlines() if line.strip()]
+def _labels(folder: Path, name: str) -> list[dict[str, Any]]:
+    text = (folder / name).read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-@pytest.fixture(scope="module")
-def judged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    db = tmp_path_factory.mktemp("labels") / "swe.duckdb"
-    files = sorted(DATA.glob("*/*.traj.json"))
-    assert len(files) == 22
+def _file_name(source: str) -> str:
+    path = Path(source)
+    return "/".join(path.parts[-2:]) if path.name.endswith(".traj.json") else path.name
+
+
+@pytest.fixture(scope="module", params=sorted(SETS))
+def judged(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    files, folder = SETS[request.param]
+    assert len(files) == {"mini-swe-agent": 29, "swe-agent": 22}[request.param]
+    db = tmp_path_factory.mktemp("labels") / "coding.duckdb"
     ingest(db, files)
     con = open_store(db, read_only=True)
     try:
@@ -40,41 +53,83 @@ def judged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         index: dict[tuple[str, str], tuple[str, int]] = {}
         seen: Counter[str] = Counter()
         for source, run_id, node_id in rows:
-            name = "/".join(Path(source).parts[-2:])
+            name = _file_name(source)
             index[(run_id, node_id)] = (name, seen[name])
             seen[name] += 1
-        return {"index": index, "repeats": repeats(con), "pairs": near_repeats(con), "tune": tune(con)["tools"]}
+        return {
+            "set": request.param,
+            "folder": folder,
+            "files": files,
+            "index": index,
+            "repeats": repeats(con),
+            "pairs": near_repeats(con),
+            "tune": tune(con)["tools"],
+        }
     finally:
         con.close()
 
 
-def test_the_label_set_is_as_large_as_promised() -> None:
-    rows = _labels("repeats.jsonl")
-    pairs = _labels("pairs.jsonl")
-    assert len(rows) >= 100 and len(pairs) >= 60
-    assert all(r["reason"].strip() and r["label"] in {"wasted", "needed"} for r in rows)
-    assert all(p["reason"].strip() and p["label"] in {"paging", "near", "different"} for p in pairs)
+def _score(hits: int, called: int, labelled: int) -> tuple[float, float]:
+    """(precision, recall), each over its own count."""
+    return (hits / called if called else 0.0), (hits / labelled if labelled else 0.0)
 
 
-def test_wasted_precision_on_hand_labelled_repeats(judged: dict[str, Any]) -> None:
-    labels = {(r["file"], r["call"]): r["label"] for r in _labels("repeats.jsonl")}
-    wasted = [judged["index"][(r.run_id, r.node_id)] for r in judged["repeats"].itertuples() if r.outcome == "wasted"]
-    labelled = [labels[key] for key in wasted if key in labels]
-    assert labelled, "treellm called no labelled repeat wasted"
-    precision = labelled.count("wasted") / len(labelled)
-    assert precision >= 0.9, (precision, labelled)
-    # every row of repeats() says why
+def test_the_label_sets_are_as_large_as_promised() -> None:
+    for _, folder in SETS.values():
+        rows = _labels(folder, "repeats.jsonl")
+        pairs = _labels(folder, "pairs.jsonl")
+        assert len(rows) >= 20 and len(pairs) >= 30
+        assert all(r["reason"].strip() and r["label"] in {"wasted", "needed"} for r in rows)
+        assert all(p["reason"].strip() and p["label"] in {"paging", "near", "different"} for p in pairs)
+
+
+def _identical_calls(judged: dict[str, Any]) -> set[tuple[str, int]]:
+    """An independent count: every call whose command is byte-identical to an earlier one in its file."""
+    out = set()
+    for path in judged["files"]:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if judged["set"] == "mini-swe-agent":
+            commands = [
+                json.loads(call["function"]["arguments"])["command"]
+                for message in data["messages"]
+                for call in message.get("tool_calls") or []
+            ]
+        else:
+            commands = [step["action"].rstrip() for step in data.get("trajectory", []) if step["action"].strip()]
+        name = _file_name(str(path))
+        out |= {(name, i) for i, command in enumerate(commands) if command in commands[:i]}
+    return out
+
+
+def test_every_identical_call_is_shown_and_labelled(judged: dict[str, Any]) -> None:
+    shown = {judged["index"][(r.run_id, r.node_id)] for r in judged["repeats"].itertuples()}
+    labelled = {(r["file"], r["call"]) for r in _labels(judged["folder"], "repeats.jsonl")}
+    independent = _identical_calls(judged)
+    assert shown == independent == labelled
+    # identical repeats include those the limit's rule counts, never fewer
+    counted = judged["repeats"]["counted"]
+    assert 0 < counted.sum() < len(counted)
     assert judged["repeats"]["reason"].str.len().min() > 0
 
 
-def test_needed_re_runs_after_a_state_change_are_not_repeats(judged: dict[str, Any]) -> None:
-    """Edit-then-test cycles, restores and regenerated patches: a write (or a program that may
-    write) between restarts the count, so none of those is judged a wasted repeat."""
-    needed = {(r["file"], r["call"]) for r in _labels("repeats.jsonl") if r["label"] == "needed"}
-    called_wasted = {
-        judged["index"][(r.run_id, r.node_id)] for r in judged["repeats"].itertuples() if r.outcome == "wasted"
-    }
-    assert len(needed & called_wasted) <= 0.1 * len(needed)
+def test_wasted_precision_and_recall_on_hand_labelled_repeats(judged: dict[str, Any]) -> None:
+    labels = {(r["file"], r["call"]): r["label"] for r in _labels(judged["folder"], "repeats.jsonl")}
+    called = {judged["index"][(r.run_id, r.node_id)] for r in judged["repeats"].itertuples() if r.outcome == "wasted"}
+    wasted = {key for key, label in labels.items() if label == "wasted"}
+    precision, recall = _score(len(called & wasted), len(called), len(wasted))
+    assert len(wasted) >= 7 and len(called) >= 4
+    assert precision >= 0.9, (precision, len(called & wasted), len(called))
+    # the SWE-agent set's misses are its stateful editor (`edit` writes whichever file is open)
+    # and directory listings that differ only by the agent's own new file: see LABELS.md there
+    floor = {"mini-swe-agent": 0.7, "swe-agent": 0.5}[judged["set"]]
+    assert recall >= floor, (recall, len(called & wasted), len(wasted))
+
+
+def test_needed_re_runs_after_a_state_change_are_not_called_wasted(judged: dict[str, Any]) -> None:
+    """Edit-then-test cycles, restores and regenerated patches are productive."""
+    needed = {(r["file"], r["call"]) for r in _labels(judged["folder"], "repeats.jsonl") if r["label"] == "needed"}
+    called = {judged["index"][(r.run_id, r.node_id)] for r in judged["repeats"].itertuples() if r.outcome == "wasted"}
+    assert len(needed & called) <= 0.1 * len(needed)
 
 
 def _pairs(judged: dict[str, Any]) -> dict[tuple[str, int, int], str]:
@@ -86,17 +141,23 @@ def _pairs(judged: dict[str, Any]) -> dict[tuple[str, int, int], str]:
     return out
 
 
-def test_paging_recall_on_line_range_moves(judged: dict[str, Any]) -> None:
+def test_paging_precision_and_recall_on_line_windows(judged: dict[str, Any]) -> None:
     found = _pairs(judged)
-    paging = [(p["file"], p["earlier"], p["later"]) for p in _labels("pairs.jsonl") if p["label"] == "paging"]
-    assert len(paging) >= 20
-    recall = sum(found.get(key) == "paging" for key in paging) / len(paging)
-    assert recall >= 0.9, recall
+    labels = {(p["file"], p["earlier"], p["later"]): p["label"] for p in _labels(judged["folder"], "pairs.jsonl")}
+    paging = {key for key, label in labels.items() if label == "paging"}
+    called = {key for key, kind in found.items() if kind == "paging" and key in labels}
+    if judged["set"] == "swe-agent":
+        assert not paging and not called  # those runs never page (LABELS.md)
+        return
+    precision, recall = _score(len(called & paging), len(called), len(paging))
+    assert len(paging) >= 30
+    assert recall >= 0.9, (recall, len(called & paging), len(paging))
+    assert precision >= 0.8, (precision, len(called & paging), len(called))
 
 
 def test_near_repeat_precision(judged: dict[str, Any]) -> None:
     found = _pairs(judged)
-    labels = {(p["file"], p["earlier"], p["later"]): p["label"] for p in _labels("pairs.jsonl")}
+    labels = {(p["file"], p["earlier"], p["later"]): p["label"] for p in _labels(judged["folder"], "pairs.jsonl")}
     near = [labels[key] for key, kind in found.items() if kind == "near" and key in labels]
     assert len(near) >= 10
     precision = near.count("near") / len(near)
@@ -107,6 +168,10 @@ def test_near_repeat_precision(judged: dict[str, Any]) -> None:
 
 
 def test_tune_does_not_advise_raising_bash_and_says_why(judged: dict[str, Any]) -> None:
+    if judged["set"] != "mini-swe-agent":
+        bash = next((t for t in judged["tune"] if t["tool"] == "bash"), None)
+        assert bash is None or bash["verdict"] != "raise"
+        return
     bash = next(t for t in judged["tune"] if t["tool"] == "bash")
     assert bash["recommended_max_repeats"] <= 2
     assert bash["verdict"] != "raise"

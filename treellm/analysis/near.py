@@ -14,7 +14,8 @@ definitions (``docs/architecture.md``):
   other words or with a widened query. Kinds: ``number_step`` (one non-position number
   moved by a small step), ``string_similar`` (one free-text value nearly equal),
   ``key_added`` / ``key_dropped``, ``reworded`` (a shell command on the same files with
-  another pattern or more flags).
+  another pattern or more flags), ``window_widened`` (a line window of the same file that
+  overlaps the previous one by at least half of the smaller: the same lines again).
 - **different question**: a different file, identifier, date or id is never a near
   repeat, however alike the text looks (``2024-05-15`` vs ``2024-05-17``).
 
@@ -36,7 +37,7 @@ import pandas as pd
 
 from treellm.analysis.filters import Filters
 from treellm.analysis.metrics import CALLS_SQL
-from treellm.shell import DEFAULT_SHELL_TOOLS, command_text, line_window
+from treellm.shell import DEFAULT_SHELL_TOOLS, LineWindow, command_text, line_window
 from treellm.store.engine import StoreConnection, as_connection
 
 __all__ = ["classify_commands", "classify_pair", "near_repeat_pairs", "near_repeats", "near_repeats_by_tool"]
@@ -49,7 +50,7 @@ TEXT_KEYS = frozenset(
     {"query", "q", "search", "search_query", "text", "pattern", "question", "prompt", "keyword", "keywords", "term",
      "terms", "message", "content", "description", "instructions", "regex", "input"}
 )  # fmt: skip
-NEAR_KINDS: Final = ("number_step", "string_similar", "key_added", "key_dropped", "reworded")
+NEAR_KINDS: Final = ("number_step", "string_similar", "key_added", "key_dropped", "reworded", "window_widened")
 _PUNCT = re.compile(r"[^\w\s]")
 _SPACE = re.compile(r"\s+")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}|\d{1,2}/\d{1,2}/\d{2,4}")
@@ -155,6 +156,16 @@ def _main_command(command: str) -> str:
     return parts[-1] if parts else command
 
 
+def _mostly_shown(first: LineWindow, second: LineWindow) -> bool:
+    """Whether two windows of one file overlap by at least half of the smaller one: the
+    same lines asked again, widened or narrowed, not the position moving on."""
+    if first.start < 0 or second.start < 0 or first.end is None or second.end is None:
+        return False
+    shared = min(first.end, second.end) - max(first.start, second.start) + 1
+    smaller = min(first.end - first.start, second.end - second.start) + 1
+    return shared > 0 and shared * 2 >= smaller
+
+
 def classify_commands(before: str, after: str, *, similarity: float = 0.85) -> str | None:
     """How two shell commands of one tool are close: ``"paging"`` (the same file, another
     line window), ``"reworded"`` (the same program on the same files asking the same thing
@@ -164,7 +175,9 @@ def classify_commands(before: str, after: str, *, similarity: float = 0.85) -> s
         return None
     first, second = line_window(before), line_window(after)
     if first is not None and second is not None:
-        return "paging" if first.resource == second.resource else None
+        if first.resource != second.resource:
+            return None
+        return "window_widened" if _mostly_shown(first, second) else "paging"
     a, b = _words(_main_command(before)), _words(_main_command(after))
     if not a or not b or _program(a) != _program(b):
         return None

@@ -1,34 +1,215 @@
-"""Per-call answers: every executed repeat with its outcome and a short reason.
+"""Every identical call, shown and judged by the evidence (``docs/architecture.md``).
 
-One row per executed call with ordinal >= 2 (``docs/architecture.md``): its trace and span
-ids, run, tool, tool call id, ordinal, its **twin** (the most recent earlier identical call
-its count counted), the outcome and why:
+One row per **identical repeat**: an executed call with the same tool and canonical
+arguments as an earlier call on its path (same signature, and the same captured
+arguments where both were captured), whatever ran between. Its **twin** is the most
+recent such earlier call. Each row says:
 
-- ``productive``: its twin failed and it succeeded, or its result differs from every
-  earlier identical call it counted;
-- ``unknown``: it or one of those calls has no captured result (missing results never
-  compare equal);
-- ``wasted``: it failed, or it returned what an earlier identical call returned with no
-  state change between (state changes restart counts, so there was none).
+- ``counted``: whether the limit's rule counts it (its stored ordinal, derived by the
+  runtime's own rule, ``treellm.engine.repeats``, is >= 2): no state change between
+  that can have changed what it reads;
+- ``outcome``, judged after the fact with everything the store holds:
+  - ``unknown`` when it or its twin has no captured result (missing results never
+    compare equal);
+  - ``productive`` when its twin failed and it did not; when its result differs from
+    the twin's; or, with the same result, when a call between wrote what it reads or
+    writes (a re-read after an edit of that file, a test re-run after an edit of the
+    code under test, a restore after an edit);
+  - ``wasted`` otherwise: nothing it reads changed, and it learned nothing new.
+- ``reason``: one line naming the evidence.
+
+What counts as "wrote what it reads", after the fact: a successful call between whose
+targets (``treellm.shell.command_targets``; a path argument for other tools) overlap the
+repeat's reads or writes. A call whose reads cannot be known (a script, a test run) is
+touched by writes to files that existed before the run (the code) and to its own
+script, not by the agent's scratch files (first seen being written in this run), and by
+any program that may write (its code unknown, or holding a file-writing call); code in
+the run (a heredoc ``cat > s.py``, ``python -c``) without one writes nothing, nor do
+test runners and linters (``pytest``, ``flake8``, ``sqlfluff lint``...); a package
+install changes no file a read shows. With the same result as its twin, a read of
+known files is wasted unless a call between wrote them, ran code that writes them (the
+path literals of that code), or is a known writer whose targets cannot be named
+(``git stash``, an editor's ``edit``): a program that may write somewhere unnamed may
+have written anything, but the identical text is the evidence that it did not touch
+what the read shows (unless the repeat itself writes, a restore after such a program).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import posixpath
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 import orjson
 import pandas as pd
 
 from treellm.analysis.filters import Filters
 from treellm.analysis.metrics import CALLS_SQL
-from treellm.store.engine import DuckDBConnection, StoreConnection, as_connection
+from treellm.engine.repeats import CallTargets, ToolRule, call_targets
+from treellm.shell import DEFAULT_SHELL_TOOLS, CommandTargets, command_targets, command_text, paths_overlap
+from treellm.signature import parse_arguments
+from treellm.store.engine import StoreConnection, as_connection
 
-__all__ = ["REPEAT_COLUMNS", "judge_repeat", "repeats"]
+__all__ = ["REPEAT_COLUMNS", "CallFacts", "judge_repeat", "repeats"]
 
 REPEAT_COLUMNS = [
-    "trace_id", "span_id", "run_id", "node_id", "tool", "call_id", "ordinal", "twin_node_id", "twin_call_id",
-    "twin_span_id", "outcome", "reason", "arguments",
+    "trace_id", "span_id", "run_id", "node_id", "tool", "call_id", "ordinal", "identical_ordinal", "counted",
+    "twin_node_id", "twin_call_id", "twin_span_id", "outcome", "reason", "arguments",
 ]  # fmt: skip
+
+_RULE: Final = ToolRule()
+_HEREDOC: Final = re.compile(
+    r"(?:cat|tee)\s*>\s*['\"]?([\w./-]+)['\"]?\s*<<-?\s*['\"]?(\w+)['\"]?[^\n]*\n(.*?)\n\2\b", re.DOTALL
+)
+_CODE_WRITES: Final = re.compile(
+    r"""open\([^)]*,\s*(?:mode\s*=\s*)?['"][wax+]|\.write_text\(|\.write_bytes\(|shutil\.(?:copy|move|rmtree)"""
+    r"""|os\.(?:remove|rename|replace|unlink|system)|subprocess|\bsed\s+-i"""
+)
+_PYTHON_C: Final = re.compile(r"""python[0-9.]*\s+-c\s+(['"])(.*)\1""", re.DOTALL)
+_SCRIPT: Final = re.compile(r"(?:python[0-9.]*|bash|sh)\s+(?:-\w+\s+)*([\w./-]+\.(?:py|sh))")
+_FILE_WORD: Final = re.compile(r"[\w./-]+\.(?:py|sh|sql|cfg|toml|ini|json|ya?ml|txt|js|ts)\b")
+_CHECKER: Final = re.compile(
+    r"(?:python[0-9.]*\s+-m\s+)?(?:pytest|py\.test|unittest|flake8|pylint|mypy|pyflakes|pycodestyle|tox|nox)\b"
+    r"|ruff\s+check\b|sqlfluff\s+(?:lint|parse)\b|black\s+--check\b"
+)
+"""Test runners and linters: programs that read the code and write none of it."""
+_INSTALL: Final = re.compile(
+    r"\b(?:pip3?|conda|mamba|npm|yarn|apt(?:-get)?|uv\s+pip)\s+install\b|setup\.py\s+(?:install|develop)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CallFacts:
+    """One executed call as the judgement needs it. ``command`` is a shell tool's command."""
+
+    tool: str
+    arguments: str | None
+    result_hash: str | None
+    failed: bool
+    targets: CallTargets
+    command: str | None = None
+    bodies: dict[str, str] = field(default_factory=dict)
+    """Files whose text this call wrote from a heredoc (path -> text)."""
+
+
+def facts(tool: str, arguments: str | None, result_hash: str | None, *, failed: bool) -> CallFacts:
+    """:class:`CallFacts` of a stored call (targets by the default rule of its tool)."""
+    value = parse_arguments(arguments or "")
+    command = command_text(value) if tool in DEFAULT_SHELL_TOOLS else None
+    targets = CallTargets(None, None, True) if arguments is None else call_targets(_RULE, tool, value)
+    bodies = {m[1].removeprefix("./"): m[3] for m in _HEREDOC.finditer(command)} if command else {}
+    return CallFacts(tool, arguments, result_hash, failed, targets, command, bodies)
+
+
+def _same_file(a: str, b: str) -> bool:
+    return paths_overlap(a, b) and a.rsplit("/", 1)[-1] == b.rsplit("/", 1)[-1]
+
+
+@functools.lru_cache(maxsize=16_384)
+def _targets(command: str) -> CommandTargets:
+    return command_targets(command)
+
+
+def _touched(call: CallFacts) -> tuple[frozenset[str], frozenset[str]]:
+    """(known reads, known writes) of a call."""
+    if call.command is not None:
+        found = _targets(call.command)
+        return found.reads, found.writes
+    return call.targets.reads or frozenset(), call.targets.writes or frozenset()
+
+
+_PATH_LITERAL: Final = re.compile(r"""['"]([\w./-]+\.[A-Za-z]{1,5})['"]""")
+
+
+def _code_of(call: CallFacts, bodies: dict[str, str]) -> str | None:
+    """The code of a shell call's unknown program(s) when the run holds it (``python -c``, or
+    scripts written in the run by a heredoc), else None."""
+    command = call.command or ""
+    inline = _PYTHON_C.search(command)
+    if inline is not None:
+        return inline[2]
+    scripts = [s.removeprefix("./") for s in _SCRIPT.findall(command)]
+    if not scripts or any(s not in bodies for s in scripts):
+        return None
+    return "\n".join(bodies[s] for s in scripts)
+
+
+def _writes_of(call: CallFacts, bodies: dict[str, str]) -> tuple[frozenset[str], bool, bool]:
+    """(paths written, whether more may be written, whether that "more" comes from a program
+    that may write somewhere unnamed) of a call between."""
+    if call.command is not None:
+        found = _targets(call.command)
+        if found.effect == "read":
+            return frozenset(), False, False
+        if found.programs and all(_CHECKER.match(" ".join(p)) for p in found.programs):
+            return found.writes, found.writes_unknown and not found.programs, False
+        if found.programs:
+            code = _code_of(call, bodies)
+            if code is None:
+                return found.writes, True, True
+            if _CODE_WRITES.search(code) is None:
+                return found.writes, False, False
+            literals = frozenset(posixpath.normpath(p) for p in _PATH_LITERAL.findall(code))
+            return found.writes | literals, not literals, not literals
+        if found.writes_unknown and _INSTALL.search(call.command):
+            return found.writes, False, False
+        return found.writes, found.writes_unknown, False
+    targets = call.targets
+    if not targets.changes_state:
+        return frozenset(), False, False
+    return targets.writes or frozenset(), targets.writes is None, False
+
+
+def _short(text: str | None) -> str:
+    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    return line if len(line) <= 60 else line[:57] + "..."
+
+
+def judge_repeat(
+    call: CallFacts,
+    twin: CallFacts,
+    between: Sequence[CallFacts],
+    *,
+    bodies: dict[str, str] | None = None,
+    created: Sequence[str] = (),
+) -> tuple[str, str]:
+    """(outcome, reason) of an identical repeat, given its twin and the calls between them on
+    its path (pure: the rule of the module docstring). ``bodies``: scripts written in the run
+    (path -> text); ``created``: the paths the agent created in the run (its scratch files)."""
+    if call.result_hash is None or twin.result_hash is None:
+        return "unknown", "no captured result for this call or its twin"
+    if twin.failed and not call.failed:
+        return "productive", "its twin failed; this one succeeded (a retry that worked)"
+    if call.result_hash != twin.result_hash:
+        return "productive", "a new result: differs from its twin's"
+    shell = _targets(call.command) if call.command is not None else None
+    reads = call.targets.reads if shell is None else (None if shell.reads_unknown else shell.reads)
+    own = _touched(call)[1]
+    files = frozenset(_FILE_WORD.findall(call.command or "")) if reads is None else frozenset()
+    known = dict(bodies or {})
+    for other in between:
+        known.update(other.bodies)
+        if other.failed:
+            continue
+        written, more, program = _writes_of(other, known)
+        if more and (reads is None or not program or own):
+            return "productive", f"same result, but `{_short(other.command or other.tool)}` may have written anything"
+        if reads is None:
+            relevant = [
+                p
+                for p in written
+                if any(paths_overlap(p, f) for f in files) or not any(_same_file(p, c) for c in created)
+            ]
+        else:
+            relevant = [p for p in written if any(paths_overlap(p, r) for r in reads | own)]
+        if relevant:
+            return "productive", f"same result after {sorted(relevant)[0]} was written between (checks the change)"
+    if reads is None:
+        return "wasted", "same result as its twin; nothing it runs was written between (only scratch files, if any)"
+    return "wasted", "same result as its twin; nothing it reads was written between"
 
 
 def _earlier(raw: Any) -> list[str]:
@@ -41,49 +222,88 @@ def _earlier(raw: Any) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else []
 
 
-def judge_repeat(*, status: str, result_hash: str | None, twins: list[tuple[str | None, str]]) -> tuple[str, str]:
-    """(outcome, reason) of one repeat from its status, its result hash and its earlier
-    identical calls' ``(result_hash, status)``, oldest first (pure: the rule, in one place)."""
-    if status == "failed":
-        if twins and twins[-1][1] == "failed":
-            return "wasted", "failed again, as its twin did"
-        return "wasted", "failed"
-    if twins and twins[-1][1] == "failed":
-        return "productive", "its twin failed; this one succeeded (a retry that worked)"
-    if result_hash is None or any(h is None for h, _ in twins):
-        return "unknown", "no captured result for this call or an earlier identical call"
-    if all(h != result_hash for h, _ in twins):
-        return "productive", "a new result: differs from every earlier identical call"
-    same = sum(1 for h, _ in twins if h == result_hash)
-    return "wasted", f"same result as {same} earlier identical call(s), nothing changed state between"
+_SQL = f"""
+WITH calls AS ({CALLS_SQL}),
+runs_with AS (SELECT DISTINCT run_id FROM calls c WHERE {{where}}
+              GROUP BY run_id, tool, signature HAVING count(*) >= 2)
+SELECT c.trace_id, c.span_id, c.run_id, c.node_id, c.parent_id, c.tool, c.signature, c.ordinal, c.status,
+       c.result_hash, c.arguments, s.tool_call_id AS call_id
+FROM calls c JOIN spans s USING (trace_id, span_id)
+WHERE c.run_id IN (SELECT run_id FROM runs_with)
+ORDER BY c.run_id, c.start_ns, c.span_id
+"""
+
+
+def _ancestors(node: str | None, parents: dict[str, str | None]) -> frozenset[str | None]:
+    out: set[str | None] = {node}
+    seen = 0
+    while node is not None and seen < 100_000:
+        node = parents.get(node)
+        out.add(node)
+        seen += 1
+    return frozenset(out)
+
+
+def _rows(engine: Any, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    frame = engine.df(sql, params).astype(object)
+    return list(frame.where(frame.notna(), None).itertuples(index=False, name=None))
+
+
+def _by_run(rows: Iterable[tuple[Any, ...]]) -> dict[str, list[tuple[Any, ...]]]:
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    for row in rows:
+        out.setdefault(row[2], []).append(row)
+    return out
 
 
 def repeats(con: StoreConnection, filters: Filters | None = None) -> pd.DataFrame:
-    """One row per executed repeat (``REPEAT_COLUMNS``), in run and time order."""
+    """One row per identical repeat (``REPEAT_COLUMNS``), in run and time order."""
     where, params = (filters or Filters()).where("c")
     engine = as_connection(con)
-    sql = f"""SELECT c.trace_id, c.span_id, c.run_id, c.node_id, c.tool, c.ordinal, c.status, c.result_hash,
-                   c.earlier_node_ids, c.arguments, s.tool_call_id AS call_id
-            FROM ({CALLS_SQL}) c JOIN spans s USING (trace_id, span_id)
-            WHERE {where} AND c.run_id IN (SELECT run_id FROM ({CALLS_SQL}) x WHERE x.ordinal >= 2)
-            ORDER BY c.run_id, c.start_ns, c.span_id"""
-    calls: list[tuple[Any, ...]]
-    if isinstance(engine, DuckDBConnection):
-        calls = engine.raw.execute(sql, params).fetchall()
-    else:
-        frame = engine.df(sql, params).astype(object)
-        calls = list(frame.where(frame.notna(), None).itertuples(index=False, name=None))
-    by_node = {(row[2], row[3]): row for row in calls}
+    rows = _rows(engine, _SQL.format(where=where), params)
+    if not rows:
+        return pd.DataFrame([], columns=REPEAT_COLUMNS)
+    run_ids = sorted({r[2] for r in rows})
+    marks = ", ".join("?" for _ in run_ids)
+    think = _rows(engine, f"SELECT run_id, node_id, parent_id FROM nodes WHERE run_id IN ({marks})", run_ids)
+    parents: dict[str, dict[str, str | None]] = {}
+    for run_id, node_id, parent_id in think:
+        parents.setdefault(run_id, {})[node_id] = parent_id
     out: list[tuple[Any, ...]] = []
-    for row in calls:
-        trace_id, span_id, run_id, node_id, tool, ordinal, status, digest, earlier_raw, arguments, call_id = row
-        if ordinal is None or ordinal < 2:
-            continue
-        earlier = [by_node[(run_id, e)] for e in _earlier(earlier_raw) if (run_id, e) in by_node]
-        outcome, reason = judge_repeat(status=status, result_hash=digest, twins=[(e[7], e[6]) for e in earlier])
-        twin = earlier[-1] if earlier else None
-        out.append(
-            (trace_id, span_id, run_id, node_id, tool, call_id, int(ordinal), twin[3] if twin else None,
-             twin[10] if twin else None, twin[1] if twin else None, outcome, reason, arguments)
-        )  # fmt: skip
+    for run_id, calls in _by_run(rows).items():
+        out.extend(_run_repeats(calls, parents.get(run_id, {})))
     return pd.DataFrame(out, columns=REPEAT_COLUMNS)
+
+
+def _run_repeats(calls: list[tuple[Any, ...]], parents: dict[str, str | None]) -> list[tuple[Any, ...]]:
+    """The identical repeats of one run's calls (in time order)."""
+    made = [facts(c[5], c[10], c[9], failed=c[8] == "failed") for c in calls]
+    lines: dict[str | None, frozenset[str | None]] = {}
+    seen_by_key: dict[tuple[str, str], list[int]] = {}
+    bodies: dict[str, str] = {}
+    seen_paths: list[str] = []
+    created: list[str] = []
+    out: list[tuple[Any, ...]] = []
+    for i, call in enumerate(calls):
+        trace_id, span_id, run_id, node_id, parent_id, tool, sig, ordinal, _s, _h, arguments, call_id = call
+        line = lines.get(parent_id)
+        if line is None:
+            line = lines[parent_id] = _ancestors(parent_id, parents)
+        earlier = seen_by_key.setdefault((tool, sig), [])
+        same = [j for j in earlier if calls[j][4] in line and (arguments is None or calls[j][10] in (None, arguments))]
+        if same:
+            twin = same[-1]
+            between = [made[j] for j in range(twin + 1, i) if calls[j][4] in line]
+            before_twin = dict(bodies)
+            outcome, reason = judge_repeat(made[i], made[twin], between, bodies=before_twin, created=created)
+            counted = ordinal is not None and int(ordinal) >= 2
+            out.append(
+                (trace_id, span_id, run_id, node_id, tool, call_id, None if ordinal is None else int(ordinal),
+                 len(same) + 1, counted, calls[twin][3], calls[twin][11], calls[twin][1], outcome, reason, arguments)
+            )  # fmt: skip
+        earlier.append(i)
+        bodies.update(made[i].bodies)
+        reads, writes = _touched(made[i])
+        created.extend(p for p in writes if not any(_same_file(p, s) for s in seen_paths))
+        seen_paths.extend(reads | writes)
+    return out
