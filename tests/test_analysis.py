@@ -238,9 +238,10 @@ def test_cli_report_and_tune_print_the_documented_json(day_store: Path, tmp_path
         return result.stdout
 
     data = json.loads(cli("report", "--db", str(day_store), "--format", "json"))
-    assert set(data) == {"runs", "tool_calls", "pruned", "tools"}
+    assert set(data) == {"runs", "tool_calls", "pruned", "identical_repeats", "tools"}
     assert set(data["tools"][0]) == {"tool", "calls", "pruned", "prune_rate", "exact_repeats", "productive_repeats",
-                                     "wasted_repeats", "unknown_repeats", "near_repeats"}  # fmt: skip
+                                     "wasted_repeats", "unknown_repeats", "near_repeats", "identical_repeats",
+                                     "identical_productive", "identical_wasted"}  # fmt: skip
     tuned = json.loads(cli("tune", "--db", str(day_store), "--format", "json", "--tolerance", "0.05"))
     assert {"tool", "current_max_repeats", "recommended_max_repeats", "verdict", "samples", "productive_rate",
             "reason"} <= set(tuned["tools"][0])  # fmt: skip

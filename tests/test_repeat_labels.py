@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from treellm.analysis import near_repeats, repeats, tune
+from treellm.analysis import near_repeats, repeats, report, tune
 from treellm.store import ingest, open_store
 
 DATA = Path(__file__).parent / "data"
@@ -193,3 +193,18 @@ def test_tau_bench_never_raises_book_reservation_on_one_productive_repeat(tmp_pa
     assert (book["samples"], round(book["productive_rate"] * book["samples"])) == (10, 1)
     assert book["verdict"] != "raise" and book["recommended_max_repeats"] == 1
     assert "too few productive repeats" in book["reason"]
+
+
+def test_the_report_shows_every_identical_call_beside_the_counted_ones(judged: dict[str, Any], tmp_path: Path) -> None:
+    db = tmp_path / "report.duckdb"
+    ingest(db, judged["files"])
+    con = open_store(db, read_only=True)
+    try:
+        data = report(con)
+    finally:
+        con.close()
+    independent = len(_identical_calls(judged))
+    assert data["identical_repeats"] == independent == sum(t["identical_repeats"] for t in data["tools"])
+    for tool in data["tools"]:
+        assert tool["identical_productive"] + tool["identical_wasted"] <= tool["identical_repeats"]
+        assert tool["exact_repeats"] <= tool["identical_repeats"]

@@ -368,8 +368,8 @@ def _print_report(data: dict[str, Any]) -> None:
     from treellm.inspector import terminal_text
 
     table = Table(title=f"{data['runs']} runs, {data['tool_calls']} tool calls, {data['pruned']} pruned")
-    columns = ["tool", "calls", "pruned", "prune_rate", "exact_repeats", "productive_repeats", "wasted_repeats",
-               "unknown_repeats", "near_repeats"]  # fmt: skip
+    columns = ["tool", "calls", "pruned", "prune_rate", "identical_repeats", "identical_wasted", "exact_repeats",
+               "productive_repeats", "wasted_repeats", "unknown_repeats", "near_repeats"]  # fmt: skip
     for column in columns:
         table.add_column(column.replace("_", " "), justify="left" if column == "tool" else "right", no_wrap=True)
     for item in data["tools"]:

@@ -8,6 +8,7 @@ from typing import Any
 from treellm.analysis.filters import Filters
 from treellm.analysis.metrics import prune_rate_by_tool, repeat_outcome_by_tool, totals
 from treellm.analysis.near import near_repeats_by_tool
+from treellm.analysis.repeats import repeats as identical_repeats
 from treellm.analysis.tuning import DEFAULT_MIN_PRODUCTIVE, DEFAULT_MIN_SAMPLES, DEFAULT_TOLERANCE, tuning_by_tool
 from treellm.store.engine import StoreConnection
 
@@ -16,7 +17,10 @@ __all__ = ["report", "tune"]
 
 def report(con: StoreConnection, filters: Filters | None = None) -> dict[str, Any]:
     """``{"runs", "tool_calls", "pruned", "tools": [...]}``, one item per tool with ``calls``,
-    ``pruned``, ``prune_rate``, ``exact_repeats``, ``productive_repeats``, ``wasted_repeats``,
+    ``pruned``, ``prune_rate``, ``identical_repeats`` (every call identical to an earlier call
+    on its path, :func:`~treellm.analysis.repeats`) with the ``identical_productive`` and
+    ``identical_wasted`` among them, ``exact_repeats`` (those the limit's rule counts) with
+    ``productive_repeats``, ``wasted_repeats`` and ``unknown_repeats`` among them, and
     ``near_repeats``."""
     f = filters or Filters()
     out: dict[str, Any] = totals(con, f)
@@ -28,6 +32,8 @@ def report(con: StoreConnection, filters: Filters | None = None) -> dict[str, An
         .to_dict("index")
     )
     near: dict[Any, dict[Any, Any]] = near_repeats_by_tool(con, f).set_index("tool").to_dict("index")
+    every = identical_repeats(con, f)
+    identical = every.groupby("tool")["outcome"].value_counts().unstack(fill_value=0) if len(every) else None
     none = {"repeats": 0, "productive": 0, "wasted": 0, "unknown": 0}
     tools = []
     for tool, r in rates.items():
@@ -37,10 +43,21 @@ def report(con: StoreConnection, filters: Filters | None = None) -> dict[str, An
              "prune_rate": round(float(r["prune_rate"]), 4), "exact_repeats": int(rep["repeats"]),
              "productive_repeats": int(rep["productive"]), "wasted_repeats": int(rep["wasted"]),
              "unknown_repeats": int(rep["unknown"]),
+             "identical_repeats": _count(identical, tool),
+             "identical_productive": _count(identical, tool, "productive"),
+             "identical_wasted": _count(identical, tool, "wasted"),
              "near_repeats": int(near.get(tool, {}).get("near_repeats", 0))}
         )  # fmt: skip
     out["tools"] = tools
+    out["identical_repeats"] = len(every)
     return out
+
+
+def _count(table: Any, tool: Any, outcome: str | None = None) -> int:
+    if table is None or tool not in table.index:
+        return 0
+    row = table.loc[tool]
+    return int(row.sum() if outcome is None else row.get(outcome, 0))
 
 
 def tune(
