@@ -472,7 +472,11 @@ def _command_words(node: Node) -> tuple[_Word, ...] | None:
 
 
 def _command_effect(node: Node) -> ShellEffect:
-    words = _command_words(node)
+    return _words_effect(_command_words(node))
+
+
+def _words_effect(words: tuple[_Word, ...] | None) -> ShellEffect:
+    """The effect of one simple command given its words (None: only assignments)."""
     if words is None:
         return "read"  # only assignments
     if words[0].dynamic:

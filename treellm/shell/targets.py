@@ -40,13 +40,13 @@ from tree_sitter import Node
 
 from treellm.shell._effect import (
     ShellEffect,
-    _command_effect,
     _command_words,
     _count_option,
     _fallback_effect,
     _parse,
     _redirect_effect,
     _word,
+    _words_effect,
     _worst,
 )
 
@@ -414,7 +414,7 @@ def _command_part(node: Node, cwd: str | None) -> tuple[ShellEffect, Paths, Path
         return "unknown", None, None, cwd, tuple(argv)
     if argv[0] in {"cd", "pushd"}:
         return "read", _NOTHING, _NOTHING, None if any(w.dynamic for w in words) else _cd(argv, cwd), None
-    effect = _command_effect(node)
+    effect = _words_effect(words)
     if argv[0] in {"bash", "sh"} and "-c" in argv[1:-1]:
         inner = command_targets(argv[argv.index("-c", 1) + 1])
         return inner.effect, inner.known_reads, inner.known_writes, cwd, None
