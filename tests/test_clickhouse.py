@@ -3,7 +3,9 @@ Collector exporter's ``otel_traces``, exact DDL, rows written as the exporter wr
 give identical results on the sample traces.
 
 One chDB folder for the module (chDB allows one data folder per process): the sample
-traces in ``default.otel_traces``, the foreign data in ``external.otel_traces``.
+traces in ``samples.otel_traces``, the foreign data in ``foreign.otel_traces``, each read
+through treellm's views in a database of its own (``treellm_samples``, ``treellm_foreign``),
+since the connections stay open side by side.
 """
 
 from __future__ import annotations
@@ -82,7 +84,9 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _load(folder: Path, name: str, files: list[Path]) -> tuple[Any, ClickHouseConnection]:
     db = folder / f"{name}.duckdb"
     ingest(db, files)
-    ch = open_clickhouse(f"chdb:{folder / 'chdb'}", table=f"{name}.otel_traces", create_table=True)
+    ch = open_clickhouse(
+        f"chdb:{folder / 'chdb'}", table=f"{name}.otel_traces", database=f"treellm_{name}", create_table=True
+    )
     rows = [row for path in files for row in file_rows(path)]
     for start in range(0, len(rows), 5000):
         ch.command(insert_sql(rows[start : start + 5000], ch.table))
@@ -100,7 +104,7 @@ def samples(folder: Path) -> Iterator[tuple[Any, ClickHouseConnection]]:
 def test_the_otel_traces_table_holds_every_sample_span(samples: tuple[Any, ClickHouseConnection]) -> None:
     duck, ch = samples
     assert (
-        int(ch.df("SELECT count() AS n FROM otel_traces")["n"][0])
+        int(ch.df(f"SELECT count() AS n FROM {ch.table}")["n"][0])
         == duck.execute("SELECT count(*) FROM spans").fetchone()[0]
     )
 
@@ -167,7 +171,7 @@ def test_a_url_that_is_no_clickhouse_url_is_a_config_error(monkeypatch: pytest.M
         open_clickhouse("postgres://localhost")
     with pytest.raises(ConfigError, match="TREELLM_CLICKHOUSE"):
         open_clickhouse()
-    with pytest.raises(ValueError, match="expected a table name"):
+    with pytest.raises(ConfigError, match="expected a ClickHouse table name"):
         open_clickhouse("chdb:/nonexistent", table="x; DROP TABLE y")
 
 
@@ -176,7 +180,9 @@ def foreign(folder: Path) -> Iterator[tuple[Any, ClickHouseConnection, IngestRep
     """The foreign data ingested twice: into DuckDB, and into ClickHouse by ``ingest --clickhouse``."""
     db = folder / "foreign.duckdb"
     ingest(db, FOREIGN)
-    ch = open_clickhouse(f"chdb:{folder / 'chdb'}", table="foreign.otel_traces", create_table=True)
+    ch = open_clickhouse(
+        f"chdb:{folder / 'chdb'}", table="foreign.otel_traces", database="treellm_foreign", create_table=True
+    )
     report = ingest_clickhouse(ch, FOREIGN)
     duck = open_store(db, read_only=True)
     yield duck, ch, report
@@ -217,17 +223,17 @@ def test_foreign_views_agree_cell_for_cell_source_included(
 
 def test_ingesting_the_same_files_again_writes_nothing(foreign: tuple[Any, ClickHouseConnection, IngestReport]) -> None:
     _, ch, first = foreign
-    before = int(ch.df("SELECT count() AS n FROM otel_traces")["n"][0])
+    before = int(ch.df(f"SELECT count() AS n FROM {ch.table}")["n"][0])
     again = ingest_clickhouse(ch, FOREIGN[:2])
     assert (again.spans, again.runs) == (0, 0) and again.duplicates > 0
-    assert int(ch.df("SELECT count() AS n FROM otel_traces")["n"][0]) == before == first.spans
+    assert int(ch.df(f"SELECT count() AS n FROM {ch.table}")["n"][0]) == before == first.spans
 
 
 def test_own_spans_written_by_ingest_read_as_the_exporter_wrote_them(
     samples: tuple[Any, ClickHouseConnection], folder: Path
 ) -> None:
     _, exported = samples
-    ch = open_clickhouse(f"chdb:{folder / 'chdb'}", table="own.otel_traces", create_table=True)
+    ch = open_clickhouse(f"chdb:{folder / 'chdb'}", table="own.otel_traces", database="treellm_own", create_table=True)
     try:
         report = ingest_clickhouse(ch, SAMPLES)
         assert report.spans > 0 and report.bad_records == ()

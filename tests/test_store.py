@@ -326,3 +326,86 @@ def test_a_large_file_is_staged_in_chunks_within_one_transaction(
     con = open_store(fresh_db, read_only=True)
     assert rows(con, "SELECT count(*) FROM spans") == [(0,)]  # the earlier chunks were rolled back too
     con.close()
+
+
+# treellm owns only what it creates: a DuckDB file that is not a treellm store is refused, unchanged.
+
+
+def _users_file(path: Path, *statements: str) -> bytes:
+    """A DuckDB file made by someone else (a table with rows, unless told otherwise); its bytes."""
+    con = duckdb.connect(str(path))
+    for statement in statements or (
+        "CREATE TABLE runs (id INTEGER, who VARCHAR)",
+        "INSERT INTO runs VALUES (1, 'a'), (2, 'b')",
+    ):
+        con.execute(statement)
+    con.close()
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize(
+    "statements",
+    [
+        (),  # a user's table named like a view of treellm's, no migrations table
+        ("CREATE TABLE schema_migrations (version BIGINT, dirty BOOLEAN)",
+         "INSERT INTO schema_migrations VALUES (3, false)"),
+        ("CREATE TABLE schema_migrations (name VARCHAR PRIMARY KEY, applied_at TIMESTAMP)",
+         "INSERT INTO schema_migrations VALUES ('001_users', now())", "CREATE TABLE users (id INTEGER)"),
+    ],
+    ids=["tables-without-migrations", "another-tool's-migrations-table", "migrations-of-another-app"],
+)  # fmt: skip
+def test_a_duckdb_file_that_is_no_treellm_store_is_refused_and_left_byte_identical(
+    tmp_path: Path, demo_jsonl: tuple[Path, RunResult], statements: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from treellm.cli import main
+    from treellm.store.connection import NotOwnedError
+
+    db = tmp_path / "theirs.duckdb"
+    before = _users_file(db, *statements)
+    for read_only in (False, True):
+        with pytest.raises(NotOwnedError, match="is not a treellm store") as caught:
+            open_store(db, read_only=read_only)
+        assert caught.value.name == caught.value.path == str(db) and str(db) in str(caught.value)
+    with pytest.raises(NotOwnedError):
+        ingest(db, [demo_jsonl[0]])
+    for argv in (["report", "--db", str(db)], ["ingest", str(demo_jsonl[0]), "--db", str(db), "--json"]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("treellm: error: ") and str(db) in err[0], err
+    assert db.read_bytes() == before
+    assert not db.with_name(db.name + ".wal").exists()
+
+
+def test_a_fresh_or_empty_file_becomes_a_store_and_a_reader_refuses_an_empty_one(
+    tmp_path: Path, demo_jsonl: tuple[Path, RunResult]
+) -> None:
+    from treellm.store.connection import NotOwnedError
+
+    fresh = tmp_path / "new" / "fresh.duckdb"
+    assert ingest(fresh, [demo_jsonl[0]]).runs == 1
+    con = open_store(fresh, read_only=True)
+    assert rows(con, "SELECT count(*) FROM runs") == [(1,)]
+    con.close()
+    open_store(fresh).close()  # a treellm store opens again, migrations recorded once
+    empty = tmp_path / "empty.duckdb"
+    duckdb.connect(str(empty)).close()
+    with pytest.raises(NotOwnedError, match="it is empty"):
+        open_store(empty, read_only=True)
+    open_store(empty).close()
+    con = open_store(empty, read_only=True)
+    assert rows(con, "SELECT count(*) FROM spans") == [(0,)]
+    con.close()
+
+
+def test_the_ownership_rule_reads_the_migrations_table() -> None:
+    from treellm.store.connection import foreign_store_reason
+    from treellm.store.schema import MIGRATIONS, MIGRATIONS_TABLE_COLUMNS
+
+    columns, first = MIGRATIONS_TABLE_COLUMNS, MIGRATIONS[0][0]
+    treellm_objects = {("main", "schema_migrations"), ("main", "spans"), ("main", "runs")}
+    assert foreign_store_reason(set(), (), ()) is None  # empty: a writer migrates it
+    assert foreign_store_reason(treellm_objects, columns, {first, "0002_views"}) is None
+    assert foreign_store_reason({("main", "schema_migrations")}, columns, ()) is None  # a first migration interrupted
+    assert "no treellm migrations table" in str(foreign_store_reason({("main", "runs"), ("other", "t")}, (), ()))
+    assert "not treellm's" in str(foreign_store_reason(treellm_objects, [("version", "BIGINT")], ()))
+    assert "records no treellm migration" in str(foreign_store_reason(treellm_objects, columns, {"001_users"}))

@@ -131,8 +131,11 @@ def _dashboard_command(args: argparse.Namespace) -> tuple[list[str], dict[str, s
         from treellm.store.clickhouse import open_clickhouse
 
         table = getattr(args, "clickhouse_table", None) or "otel_traces"
-        open_clickhouse(clickhouse, table=table).close()  # a bad URL or table fails here, in one line
+        database = getattr(args, "clickhouse_database", None)
+        open_clickhouse(clickhouse, table=table, database=database).close()  # a bad URL or name fails here
         env[settings.TREELLM_CLICKHOUSE.name] = clickhouse
+        if database:
+            env[settings.TREELLM_CLICKHOUSE_DATABASE.name] = database
         script_args = ["--", "--clickhouse-table", table]
     else:
         env[settings.TREELLM_DASHBOARD_DB.name] = str(Path(_db(args)).resolve())
@@ -239,7 +242,9 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         from treellm.store.clickhouse import open_clickhouse
         from treellm.store.clickhouse_ingest import ingest_clickhouse
 
-        ch = open_clickhouse(args.clickhouse, table=args.clickhouse_table, create_table=True)
+        ch = open_clickhouse(
+            args.clickhouse, table=args.clickhouse_table, database=args.clickhouse_database, create_table=True
+        )
         try:
             return ingest_clickhouse(ch, args.paths, args.input_format, skip_bad=args.skip_bad, progress=progress)
         finally:
@@ -324,7 +329,7 @@ def _reader(args: argparse.Namespace) -> Any:
     if clickhouse:
         from treellm.store.clickhouse import open_clickhouse
 
-        return open_clickhouse(clickhouse, table=args.clickhouse_table)
+        return open_clickhouse(clickhouse, table=args.clickhouse_table, database=args.clickhouse_database)
     return open_store(_db(args), read_only=True)
 
 
@@ -417,6 +422,11 @@ def _toml_safe(document: str) -> str:
 _TOML_RAW = re.compile(r"[\x80-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
+_CLICKHOUSE_DATABASE_HELP = (
+    "the database that holds treellm's views, created if absent (default $TREELLM_CLICKHOUSE_DATABASE or treellm)"
+)
+
+
 def _add_reader_options(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--db", help="the store (default $TREELLM_DB or ./treellm.duckdb)")
@@ -430,6 +440,7 @@ def _add_reader_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--clickhouse-table", default="otel_traces", metavar="NAME", help="the spans table (default otel_traces)"
     )
+    parser.add_argument("--clickhouse-database", metavar="NAME", help=_CLICKHOUSE_DATABASE_HELP)
     parser.add_argument("--since", help="runs that started at or after this ISO date/time")
     parser.add_argument("--until", help="runs that started before this ISO date/time")
     parser.add_argument("--service", help="only this service")
@@ -482,6 +493,7 @@ def _add_data_commands(sub: Any) -> None:
     ingest.add_argument(
         "--clickhouse-table", default="otel_traces", metavar="NAME", help="the spans table (default otel_traces)"
     )
+    ingest.add_argument("--clickhouse-database", metavar="NAME", help=_CLICKHOUSE_DATABASE_HELP)
     ingest.add_argument(
         "--input-format",
         default="auto",
@@ -636,6 +648,7 @@ def _add_dashboard_command(sub: Any) -> None:
     dashboard.add_argument(
         "--clickhouse-table", default="otel_traces", metavar="NAME", help="the spans table (default otel_traces)"
     )
+    dashboard.add_argument("--clickhouse-database", metavar="NAME", help=_CLICKHOUSE_DATABASE_HELP)
     dashboard.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s: loopback)")
     dashboard.add_argument("--port", type=int, default=8501, help="port (default %(default)s)")
     dashboard.set_defaults(func=_cmd_dashboard)

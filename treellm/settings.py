@@ -33,6 +33,7 @@ __all__ = [
     "TREELLM_CAPTURE",
     "TREELLM_CAPTURE_MAX_LENGTH",
     "TREELLM_CLICKHOUSE",
+    "TREELLM_CLICKHOUSE_DATABASE",
     "TREELLM_DASHBOARD_DB",
     "TREELLM_DASHBOARD_PARQUET",
     "TREELLM_DB",
@@ -232,6 +233,14 @@ TREELLM_CLICKHOUSE: Setting[str, None] = _declare(
         "the ClickHouse store when no URL is given: `http(s)://user:password@host:8123/db` or `chdb:PATH`",
     )
 )
+TREELLM_CLICKHOUSE_DATABASE: Setting[str, str] = _declare(
+    Setting(
+        "TREELLM_CLICKHOUSE_DATABASE",
+        "str",
+        "the ClickHouse database that holds treellm's views (created if absent) when no `--clickhouse-database`",
+        default="treellm",
+    )
+)
 TREELLM_BASE_URL: Setting[str, None] = _declare(
     Setting("TREELLM_BASE_URL", "str", "the endpoint of `treellm run` without `--base-url`")
 )
@@ -281,6 +290,7 @@ SETTINGS: Mapping[str, Setting[Any, Any]] = {
         TREELLM_INGEST_MEMORY_LIMIT,
         TREELLM_INTERNAL_TOOLS,
         TREELLM_CLICKHOUSE,
+        TREELLM_CLICKHOUSE_DATABASE,
         TREELLM_BASE_URL,
         TREELLM_MODEL,
         TREELLM_DASHBOARD_DB,

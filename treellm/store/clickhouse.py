@@ -8,28 +8,55 @@ treellm's views over the spans table (``otel_traces`` unless told otherwise; see
 functions take like a DuckDB connection. Every treellm column is derived inside
 ClickHouse by those views; no span is pulled into Python to derive one.
 
+treellm owns only what it creates. Its views live in a database of their own (``treellm``
+unless ``database`` or ``$TREELLM_CLICKHOUSE_DATABASE`` says otherwise; created if absent),
+never beside the user's tables, and every object treellm creates carries a comment marker
+(``treellm:view:<schema version>``). Before each create, the names are looked up in
+``system.tables``: free -> ``CREATE VIEW``; treellm's marker -> ``CREATE OR REPLACE VIEW``
+(an upgrade); anything else -> :class:`NotOwnedError` naming ``database.name``, and
+nothing is touched. One views database reads one spans table at a time: give each table
+its own database to read several at once.
+
 Hard rules: both drivers are imported lazily (the DuckDB install never needs them);
 ``?`` placeholders become typed server-side parameters (``{p0:String}``), never
 string-formatted values; chDB allows one data folder per process, so one
-``chdb:PATH`` connection at a time (close it before opening another folder).
+``chdb:PATH`` connection at a time (close it before opening another folder); a URL reaches
+a message or a log only through :func:`display_url`, which masks its password whatever
+the URL's shape.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
 import pandas as pd
 
 from treellm import settings
 from treellm.errors import ConfigError, MissingExtraError, StoreError
-from treellm.store.clickhouse_views import DEFAULT_TABLE, OTEL_TRACES_DDL, view_statements
+from treellm.store.clickhouse_views import (
+    DEFAULT_TABLE,
+    OTEL_TRACES_DDL,
+    SPANS_TABLE_COLUMNS,
+    VIEW_NAMES,
+    check_names,
+    create_view,
+    is_marked,
+    marker,
+    view_queries,
+)
+from treellm.store.connection import NotOwnedError
 from treellm.store.engine import Dialect
 
-__all__ = ["ENV_CLICKHOUSE", "ClickHouseConnection", "display_url", "named_parameters", "open_clickhouse"]
+__all__ = [
+    "DEFAULT_DATABASE", "ENV_CLICKHOUSE", "ClickHouseConnection", "NotOwnedError", "check_server_url", "display_url",
+    "named_parameters", "open_clickhouse", "plan_views",
+]  # fmt: skip
 
 ENV_CLICKHOUSE: Final = settings.TREELLM_CLICKHOUSE.name
+DEFAULT_DATABASE: Final = str(settings.get(settings.TREELLM_CLICKHOUSE_DATABASE, {}))
 
 
 def _type(value: Any) -> str:
@@ -69,14 +96,50 @@ def named_parameters(sql: str, params: Sequence[Any]) -> tuple[str, dict[str, An
     return "".join(out), named
 
 
+# The user and password of a URL: the text between ``scheme://`` (or the start) and the *last* ``@``,
+# whatever it holds (``#``, ``/``, ``:`` or ``@`` included), so a URL that does not parse as
+# expected is masked too: ``http://u:PW#x@host:1``, ``u:PW@host:1``.
+_USERINFO: Final = re.compile(r"^(?P<head>(?:[A-Za-z][A-Za-z0-9+.\-]*://)?)(?P<user>[^:@/]*):(?P<secret>.*)@", re.S)
+_SECRET_PARAMETER: Final = re.compile(
+    r"(?i)([?&;](?:password|passwd|pwd|secret|token|access_token|api_key|key)=)[^&#;]*"
+)
+
+
 def display_url(url: str) -> str:
-    """``url`` without its password, for messages and logs (pure)."""
+    """``url`` with its password (and any password-like query parameter) masked, for messages
+    and logs, whatever the URL's shape: it never parses the URL, so it never fails (pure)."""
+    masked = _USERINFO.sub(lambda m: f"{m['head']}{m['user']}:***@", url, count=1)
+    return _SECRET_PARAMETER.sub(r"\1***", masked)
+
+
+def _scrubbed(text: str, url: str) -> str:
+    """``text`` (a driver's message) with ``url``'s password replaced by ``***`` wherever it appears."""
+    text = text.replace(url, display_url(url))
+    found = _USERINFO.match(url)
+    for secret in {found["secret"], unquote(found["secret"])} if found else set():
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def check_server_url(url: str) -> None:
+    """Refuse an ``http(s)://`` URL that the driver would misread, with a :class:`ConfigError`
+    that shows the URL masked (pure): a ``/``, ``?`` or ``#`` inside the user or password
+    (the driver would take part of the password for the host or port), a port that is no
+    number, no host."""
+    rest = url.split("://", 1)[1]
+    if "@" in rest and any(c in rest.rpartition("@")[0] for c in "/?#"):
+        raise ConfigError(
+            f"expected a ClickHouse URL whose user and password percent-encode '/', '?' and '#' "
+            f"(%2F, %3F, %23), got {display_url(url)!r}"
+        )
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    try:
+        parts.port  # noqa: B018  # parses the port: ValueError when it is no number in 0-65535
+    except ValueError:
+        raise ConfigError(f"expected a port number in the ClickHouse URL, got {display_url(url)!r}") from None
+    if not parts.hostname:
+        raise ConfigError(f"expected a host in the ClickHouse URL, got {display_url(url)!r}")
 
 
 def _array_text(values: Sequence[Any]) -> str:
@@ -85,11 +148,36 @@ def _array_text(values: Sequence[Any]) -> str:
     return "[" + ",".join(quoted) + "]"
 
 
+def plan_views(database: str, existing: Mapping[str, tuple[str, str]]) -> dict[str, bool]:
+    """Whether to replace (``True``) or create (``False``) each of treellm's views in ``database``,
+    given the objects already there by name as (engine, comment) from ``system.tables`` (pure).
+
+    A name that is free is created; a view whose comment is treellm's marker is replaced (an
+    upgrade when its schema version differs); anything else raises :class:`NotOwnedError`
+    naming it, before any view is touched."""
+    plan: dict[str, bool] = {}
+    for name in VIEW_NAMES:
+        if name in existing:
+            engine, comment = existing[name]
+            if engine != "View" or not is_marked(comment, "view"):
+                raise NotOwnedError(
+                    f"the ClickHouse object {database}.{name} belongs to someone else ({engine or 'an object'} "
+                    f"without treellm's marker): treellm never replaces it; drop or rename it, or give treellm "
+                    f"another database (--clickhouse-database or ${settings.TREELLM_CLICKHOUSE_DATABASE.name})",
+                    name=f"{database}.{name}",
+                )
+        plan[name] = name in existing
+    return plan
+
+
 class ClickHouseConnection:
     """A :class:`~treellm.store.engine.Connection` to ClickHouse (server or chDB).
 
     ``query(sql, params) -> DataFrame`` and ``command(sql)`` are the driver's calls;
-    ``df`` blocks, and a ClickHouse error propagates as the driver's exception.
+    ``df`` blocks, and a ClickHouse error propagates as the driver's exception (one of
+    ``errors``). :attr:`table` is the spans table, qualified (``home.table`` when given
+    bare, ``home`` being the connection's own database); :attr:`database` holds treellm's
+    views, and every :meth:`df` query runs in it, so ``runs`` there is ``database.runs``.
     """
 
     def __init__(
@@ -100,12 +188,16 @@ class ClickHouseConnection:
         *,
         use: Callable[[str], None],
         insert: Callable[[str, bytes], None],
+        errors: tuple[type[Exception], ...],
         table: str = DEFAULT_TABLE,
+        database: str = DEFAULT_DATABASE,
+        home: str = "default",
     ) -> None:
         self._query, self._command, self._close, self._use = query, command, close, use
         self._insert = insert
-        self.table = table
-        self.database = table.rpartition(".")[0] or None
+        self.errors = errors
+        self.table = table if "." in table else f"{home}.{table}"
+        self.database = database
         self._closed = False
 
     @property
@@ -114,8 +206,7 @@ class ClickHouseConnection:
 
     def df(self, sql: str, params: Sequence[Any] = ()) -> pd.DataFrame:
         text, named = named_parameters(sql, params)
-        if self.database:  # chDB's current database is per process: set it for each query
-            self._use(self.database)
+        self._use(self.database)  # chDB's current database is per process: set it for each query
         return self._query(text, named)
 
     def command(self, sql: str) -> None:
@@ -128,21 +219,56 @@ class ClickHouseConnection:
         if lines:
             self._insert(self.table, "\n".join(lines).encode("utf-8"))
 
-    def attach(self, *, create_table: bool = False) -> None:
-        """Create treellm's views over :attr:`table` (and the table itself with the exporter's
-        DDL when ``create_table``: for a chDB folder that no Collector writes).
+    def _rows(self, sql: str, params: Sequence[Any]) -> pd.DataFrame:
+        """A query on the system tables, in no particular database."""
+        text, named = named_parameters(sql, params)
+        return self._query(text, named)
 
-        The views live in the table's database (``db.otel_traces`` -> ``db.runs`` ...), and
-        the connection's queries then run in that database."""
-        statements = view_statements(self.table)  # validates the name first
+    def _has_database(self, name: str) -> bool:
+        return len(self._rows("SELECT name FROM system.databases WHERE name = ?", [name])) > 0
+
+    def _require_spans_table(self) -> None:
+        database, _, name = self.table.partition(".")
+        found = self._rows("SELECT name FROM system.columns WHERE database = ? AND table = ?", [database, name])
+        columns = set(found["name"])
+        if not columns:
+            raise StoreError(
+                f"ClickHouse has no table {self.table}: give the Collector's spans table with --clickhouse-table "
+                "(`treellm ingest --clickhouse` creates one)"
+            )
+        missing = [c for c in SPANS_TABLE_COLUMNS if c not in columns]
+        if missing:
+            raise StoreError(
+                f"{self.table} is not an OpenTelemetry Collector spans table (it has no {', '.join(missing[:3])}"
+                f"{', ...' if len(missing) > 3 else ''} column): give that table with --clickhouse-table"
+            )
+
+    def attach(self, *, create_table: bool = False) -> None:
+        """Create or upgrade treellm's views over :attr:`table` in :attr:`database` (created
+        if absent), and the spans table itself with the exporter's DDL when ``create_table``
+        (for a chDB folder that no Collector writes); both only where nothing else stands.
+
+        Raises :class:`NotOwnedError` when a view's name in :attr:`database` holds an object
+        that is not treellm's, and :class:`StoreError` when :attr:`table` is missing or holds
+        no spans; nothing is replaced then."""
+        queries = view_queries(self.table, self.database)  # validates the names first
         if create_table:
-            if self.database:
-                self._command(f"CREATE DATABASE IF NOT EXISTS {self.database}")
-            self._command(OTEL_TRACES_DDL.format(table=self.table))
-        if self.database:
-            self._use(self.database)
-        for statement in statements:
-            self._command(statement)
+            table_database = self.table.partition(".")[0]
+            if not self._has_database(table_database):
+                self._command(f"CREATE DATABASE IF NOT EXISTS {table_database} COMMENT '{marker('database')}'")
+            ddl = OTEL_TRACES_DDL.format(table=self.table).rstrip()
+            self._command(f"{ddl}\nCOMMENT '{marker('table')}'")  # IF NOT EXISTS: a table there stays
+        self._require_spans_table()
+        if not self._has_database(self.database):
+            self._command(f"CREATE DATABASE IF NOT EXISTS {self.database} COMMENT '{marker('database')}'")
+        found = self._rows(
+            "SELECT name, engine, comment FROM system.tables WHERE database = ? AND has(?, name)",
+            [self.database, list(VIEW_NAMES)],
+        )
+        rows = zip(found["name"], found["engine"], found["comment"], strict=True)
+        existing = {str(name): (str(engine), str(comment)) for name, engine, comment in rows}
+        for name, replace in plan_views(self.database, existing).items():
+            self._command(create_view(self.database, name, queries[name], replace=replace))
 
     def close(self) -> None:
         if not self._closed:
@@ -155,8 +281,9 @@ _INSERT_SETTINGS: Final = {"input_format_import_nested_json": 1}
 _INSERT_FORMAT: Final = "SETTINGS input_format_import_nested_json = 1 FORMAT JSONEachRow"
 
 
-def _chdb(path: str, table: str) -> ClickHouseConnection:
+def _chdb(path: str, table: str, database: str) -> ClickHouseConnection:
     try:
+        import chdb
         from chdb import session as chdb_session
     except ImportError as exc:
         raise MissingExtraError("chdb:PATH", "chdb", "chdb") from exc
@@ -174,24 +301,30 @@ def _chdb(path: str, table: str) -> ClickHouseConnection:
     def command(sql: str) -> None:
         session.query(sql)
 
-    def use(database: str) -> None:
-        session.query(f"USE {database}")
+    def use(name: str) -> None:
+        session.query(f"USE {name}")
 
     def insert(target: str, body: bytes) -> None:
         session.query(f"INSERT INTO {target} {_INSERT_FORMAT}\n" + body.decode("utf-8"))
 
-    return ClickHouseConnection(query, command, session.close, use=use, insert=insert, table=table)
+    errors: tuple[type[Exception], ...] = (chdb.ChdbError,)
+    return ClickHouseConnection(
+        query, command, session.close, use=use, insert=insert, errors=errors, table=table, database=database
+    )  # a chDB folder's own database is always ``default``
 
 
-def _server(url: str, table: str) -> ClickHouseConnection:
+def _server(url: str, table: str, database: str) -> ClickHouseConnection:
     try:
         import clickhouse_connect
+        from clickhouse_connect.driver.exceptions import ClickHouseError
     except ImportError as exc:
         raise MissingExtraError("--clickhouse http(s)://...", "clickhouse", "clickhouse_connect") from exc
     try:
         client = clickhouse_connect.get_client(dsn=url)
+        home = client.database or str(client.command("SELECT currentDatabase()"))
     except Exception as exc:  # the driver's OperationalError / DatabaseError
-        raise StoreError(f"cannot connect to ClickHouse at {display_url(url)}: {exc}", path=display_url(url)) from exc
+        where = display_url(url)
+        raise StoreError(f"cannot connect to ClickHouse at {where}: {_scrubbed(str(exc), url)}", path=where) from exc
 
     def query(sql: str, params: dict[str, Any]) -> pd.DataFrame:
         frame: pd.DataFrame = client.query_df(sql, parameters=params or None)
@@ -200,34 +333,51 @@ def _server(url: str, table: str) -> ClickHouseConnection:
     def command(sql: str) -> None:
         client.command(sql)
 
-    def use(database: str) -> None:
-        client.database = database
+    def use(name: str) -> None:
+        client.database = name
 
     def insert(target: str, body: bytes) -> None:
         client.raw_insert(target, insert_block=body, settings=_INSERT_SETTINGS, fmt="JSONEachRow")
 
-    return ClickHouseConnection(query, command, client.close, use=use, insert=insert, table=table)
+    return ClickHouseConnection(
+        query, command, client.close, use=use, insert=insert, errors=(ClickHouseError,), table=table,
+        database=database, home=home,
+    )  # fmt: skip
 
 
 def open_clickhouse(
-    url: str | None = None, *, table: str = DEFAULT_TABLE, create_table: bool = False
+    url: str | None = None, *, table: str = DEFAULT_TABLE, database: str | None = None, create_table: bool = False
 ) -> ClickHouseConnection:
     """Connect to ``url`` (``http(s)://user:password@host:8123/db`` or ``chdb:PATH``; default
-    ``$TREELLM_CLICKHOUSE``) and create treellm's views over ``table``."""
-    view_statements(table)  # a bad table name fails before any connection
+    ``$TREELLM_CLICKHOUSE``) and create or upgrade treellm's views over ``table`` in
+    ``database`` (default ``$TREELLM_CLICKHOUSE_DATABASE``, else ``treellm``).
+
+    A bad URL, table or database name is a :class:`ConfigError` before any connection; a
+    view's name that holds someone else's object is a :class:`NotOwnedError` naming it; a
+    missing spans table or a ClickHouse error while setting up is a :class:`StoreError`.
+    No message carries the URL's password."""
+    views = database or settings.get(settings.TREELLM_CLICKHOUSE_DATABASE)
+    check_names(table, views)  # a bad name fails before any connection
     target = url or settings.get(settings.TREELLM_CLICKHOUSE)
     if not target:
         raise ConfigError(f"expected a ClickHouse URL (http(s)://... or chdb:PATH) or ${ENV_CLICKHOUSE}, got none")
     if target.startswith("chdb:"):
-        con = _chdb(target.removeprefix("chdb:") or ".", table)
+        con = _chdb(target.removeprefix("chdb:") or ".", table, views)
     elif target.startswith(("http://", "https://")):
-        con = _server(target, table)
+        check_server_url(target)
+        con = _server(target, table, views)
     else:
         raise ConfigError(
             f"expected a ClickHouse URL such as http://localhost:8123 or chdb:./traces, got {display_url(target)!r}"
         )
     try:
         con.attach(create_table=create_table)
+    except con.errors as exc:
+        con.close()
+        where = display_url(target)
+        raise StoreError(
+            f"cannot set up treellm's views in ClickHouse at {where}: {_scrubbed(str(exc), target)}", path=where
+        ) from exc
     except Exception:
         con.close()
         raise

@@ -4,7 +4,7 @@ The views are the contract: ``spans`` (the promoted-column shape of the DuckDB `
 table), ``nodes``, ``tool_calls``, ``loop_events`` and ``runs`` have the columns of the
 DuckDB views (``schema.py``, migrations 0004 and 0006), derived inside ClickHouse from
 the exporter's columns (``SpanAttributes`` Map, ``Events`` Nested arrays): nothing is
-pulled into Python. Pure: :func:`view_statements` returns SQL text.
+pulled into Python. Pure: :func:`view_queries` and :func:`create_view` return SQL text.
 
 Hard rules: a Map lookup of a missing key gives ``''`` in ClickHouse, so every optional
 attribute is read through ``mapContains`` (NULL when absent, as in DuckDB); ``runs``
@@ -20,6 +20,11 @@ their run ids, node trees, signatures and ordinals with the state-change rule ne
 conventions, the canonical argument text and the shell classifier, which are not in
 ClickHouse SQL; they appear in ``spans`` but not in ``runs`` or the repeat analysis.
 treellm's own spans carry their columns as attributes and work fully.
+
+Ownership: the views live in treellm's own database (``treellm`` unless told otherwise),
+never beside the spans table, and each carries the comment :func:`marker` (``treellm:view:N``,
+N the :data:`SCHEMA_VERSION` of the SQL here). ``clickhouse.py`` replaces an object only when
+its comment says it is treellm's; a name that holds anything else is refused, never replaced.
 """
 
 from __future__ import annotations
@@ -28,14 +33,17 @@ import re
 from collections.abc import Callable
 from typing import Final
 
+from treellm.errors import ConfigError
 from treellm.store.transform import PROMOTED_KEYS
 
 __all__ = [
-    "DEFAULT_TABLE", "DERIVED_COLUMNS", "DERIVED_PREFIX", "OTEL_TRACES_DDL", "SOURCE_KEY", "VIEW_NAMES",
-    "view_statements",
+    "DEFAULT_TABLE", "DERIVED_COLUMNS", "DERIVED_PREFIX", "OTEL_TRACES_DDL", "SCHEMA_VERSION", "SOURCE_KEY",
+    "SPANS_TABLE_COLUMNS", "VIEW_NAMES", "check_names", "create_view", "is_marked", "marker", "view_queries",
 ]  # fmt: skip
 
 DEFAULT_TABLE: Final = "otel_traces"
+SCHEMA_VERSION: Final = 1
+"""The version of the views' SQL below, in each view's comment: bump it when the SQL changes."""
 # ``treellm ingest --clickhouse`` (``clickhouse_ingest``) writes what ingest derived for a span as
 # these attributes, and marks the row with SOURCE_KEY (the file it came from).
 DERIVED_PREFIX: Final = "treellm.derived."
@@ -54,7 +62,16 @@ DERIVED_COLUMNS: Final[dict[str, str]] = {
 }  # fmt: skip
 
 VIEW_NAMES: Final = ("spans", "nodes", "tool_calls", "loop_events", "runs")
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?")
+"""In creation order: each view reads only the ones before it."""
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SYSTEM_DATABASES: Final = frozenset({"system", "information_schema"})
+
+# The columns of the spans table that the views read (the exporter's DDL below has them all).
+SPANS_TABLE_COLUMNS: Final = (
+    "Timestamp", "TraceId", "SpanId", "ParentSpanId", "SpanName", "SpanKind", "ServiceName", "ResourceAttributes",
+    "ScopeName", "ScopeVersion", "SpanAttributes", "Duration", "StatusCode", "StatusMessage", "Events.Timestamp",
+    "Events.Name", "Events.Attributes",
+)  # fmt: skip
 
 # The table the OpenTelemetry Collector (contrib) ClickHouse exporter creates with its defaults
 # (create_schema: true, Map attribute columns): exporter/clickhouseexporter/internal/sqltemplates/
@@ -177,7 +194,6 @@ def _spans(table: str) -> str:
            if(mapContains(SpanAttributes, 'treellm.run.id'),
               mapFilter((k, v) -> NOT has({promoted}, k), SpanAttributes), SpanAttributes))"""
     return f"""
-CREATE OR REPLACE VIEW spans AS
 SELECT
     TraceId AS trace_id, SpanId AS span_id, nullIf(ParentSpanId, '') AS parent_span_id,
     toString(SpanName) AS name,
@@ -201,7 +217,6 @@ FROM {table}
 
 
 _NODES = """
-CREATE OR REPLACE VIEW nodes AS
 SELECT
     s.run_id, s.trace_id, s.span_id, s.parent_span_id,
     coalesce(s.node_id, s.span_id) AS node_id,
@@ -211,12 +226,11 @@ SELECT
     s.tool_name AS tool, s.signature, s.ordinal, s.limit_n AS `limit`, s.limit_source, s.result_hash,
     s.attempts, s.shadow_caught, s.skill_stack, s.start_ns, s.end_ns,
     s.service_name, s.agent_name, s.model, s.day, s.source
-FROM spans s
+FROM {db}.spans s
 WHERE s.node_kind IS NOT NULL OR s.operation IN ('execute_tool', 'chat')
 """
 
 _TOOL_CALLS = """
-CREATE OR REPLACE VIEW tool_calls AS
 SELECT
     s.run_id, s.trace_id, s.span_id, coalesce(s.node_id, s.span_id) AS node_id, s.node_parent_id AS parent_id,
     s.node_depth AS depth, s.tool_name AS tool, s.tool_call_id AS call_id, s.signature, s.ordinal,
@@ -226,13 +240,12 @@ SELECT
     s.service_name, s.agent_name, s.model, s.skill_stack, s.day, s.source, s.earlier_node_ids,
     coalesce(s.internal, false) AS internal, s.convention, s.orphan_parent IS NOT NULL AS orphan,
     row_number() OVER (PARTITION BY s.run_id ORDER BY s.start_ns, s.span_id) AS path_position
-FROM spans s
+FROM {db}.spans s
 WHERE s.tool_name IS NOT NULL AND (s.operation = 'execute_tool' OR s.node_kind = 'tool')
 """
 
 # The events are arrays on the span row (Nested): one pass, no join back to the span.
 _LOOP_EVENTS = """
-CREATE OR REPLACE VIEW loop_events AS
 SELECT
     s.run_id, s.trace_id, s.span_id,
     coalesce(if(mapContains(ea, 'treellm.node.id'), ea['treellm.node.id'], NULL), s.node_id,
@@ -252,15 +265,14 @@ SELECT
     if(mapContains(ea, 'treellm.loop.earlier_span_ids'), ea['treellm.loop.earlier_span_ids'], NULL)
         AS earlier_span_ids_raw,
     s.service_name, s.agent_name, s.model, s.day, s.skill_stack
-FROM spans s
+FROM {db}.spans s
 ARRAY JOIN s.event_names AS en, s.event_times AS et, s.event_attributes AS ea
 WHERE en = 'loop:detected'
 """
 
 _RUNS = """
-CREATE OR REPLACE VIEW runs AS
 WITH run_spans AS (
-    SELECT * FROM spans
+    SELECT * FROM {db}.spans
     WHERE run_id IS NOT NULL AND skill_name IS NULL
       AND (span_id = splitByChar(':', assumeNotNull(run_id))[2]
            OR (convention IS NULL AND operation = 'invoke_agent' AND node_id IS NULL))
@@ -270,11 +282,11 @@ node_counts AS (
         countIf(kind = 'think') AS think_nodes, countIf(kind = 'tool') AS tool_nodes,
         countIf(kind = 'collapse') AS collapse_nodes, max(depth) AS max_depth,
         any(model) AS node_model
-    FROM nodes GROUP BY run_id
+    FROM {db}.nodes GROUP BY run_id
 ),
 prunes AS (
     SELECT run_id, countIf(NOT shadow) AS pruned_calls, countIf(shadow) AS shadow_catches
-    FROM loop_events GROUP BY run_id
+    FROM {db}.loop_events GROUP BY run_id
 )
 SELECT
     r.run_id AS run_id, r.trace_id AS trace_id, r.span_id AS span_id, coalesce(r.agent_name, r.name) AS agent,
@@ -295,8 +307,42 @@ SETTINGS join_use_nulls = 1
 """
 
 
-def view_statements(table: str = DEFAULT_TABLE) -> list[str]:
-    """``CREATE OR REPLACE VIEW`` statements for treellm's views over ``table`` (``db.name`` allowed)."""
-    if not _IDENTIFIER.fullmatch(table):
-        raise ValueError(f"expected a table name such as otel_traces or otel.otel_traces, got {table!r}")
-    return [_spans(table), _NODES, _TOOL_CALLS, _LOOP_EVENTS, _RUNS]
+def check_names(table: str, database: str) -> None:
+    """Refuse a spans table or a views database that is no plain ClickHouse name, or that
+    lies in a system database, or a spans table named like one of treellm's views in its
+    database; a :class:`ConfigError` quoting the value (pure)."""
+    parts = table.split(".")
+    if len(parts) > 2 or not all(_NAME.fullmatch(p) for p in parts):
+        raise ConfigError(f"expected a ClickHouse table name such as otel_traces or otel.otel_traces, got {table!r}")
+    if not _NAME.fullmatch(database):
+        raise ConfigError(f"expected a ClickHouse database name such as treellm, got {database!r}")
+    for kind, value, db in (("table", table, parts[0] if len(parts) == 2 else ""), ("database", database, database)):
+        if db.lower() in _SYSTEM_DATABASES:
+            raise ConfigError(f"expected a ClickHouse {kind} outside the system databases, got {value!r}")
+    if len(parts) == 2 and parts[0] == database and parts[1] in VIEW_NAMES:
+        raise ConfigError(f"expected a spans table that is not one of treellm's views, got {table!r}")
+
+
+def marker(kind: str) -> str:
+    """The comment on every ClickHouse object treellm creates: ``treellm:<kind>:<SCHEMA_VERSION>``."""
+    return f"treellm:{kind}:{SCHEMA_VERSION}"
+
+
+def is_marked(comment: str, kind: str) -> bool:
+    """Whether ``comment`` is treellm's marker of ``kind``, of any schema version (pure)."""
+    return re.fullmatch(rf"treellm:{re.escape(kind)}:\d+", comment.strip()) is not None
+
+
+def view_queries(table: str, database: str) -> dict[str, str]:
+    """The SELECT of each of treellm's views, by name in :data:`VIEW_NAMES` order: the views in
+    ``database`` over the spans table ``table`` (qualified: ``db.name``), every name qualified."""
+    check_names(table, database)
+    derived = (body.format(db=database) for body in (_NODES, _TOOL_CALLS, _LOOP_EVENTS, _RUNS))
+    return dict(zip(VIEW_NAMES, (_spans(table), *derived), strict=True))
+
+
+def create_view(database: str, name: str, query: str, *, replace: bool) -> str:
+    """``CREATE VIEW`` (``CREATE OR REPLACE VIEW`` when ``replace``) of ``database.name`` with
+    treellm's marker; a plain CREATE fails if the name was taken meanwhile (pure)."""
+    verb = "CREATE OR REPLACE VIEW" if replace else "CREATE VIEW"
+    return f"{verb} {database}.{name} AS {query.strip()}\nCOMMENT '{marker('view')}'"

@@ -8,6 +8,11 @@ DuckDB allows one writing process or many read-only ones, never both at once. So
   both retry with backoff while another process holds the lock, then raise
   :class:`~treellm.errors.StoreBusyError`.
 
+treellm owns only what it creates: a DuckDB file that is not a treellm store (it holds
+tables but no treellm migrations table, or a migrations table that is not treellm's) is
+refused with :class:`NotOwnedError` naming it, by writers and readers alike, and left
+unchanged; a new or empty file becomes a store (a reader refuses an empty one).
+
 :func:`open_parquet` gives a reader over exported, hive-partitioned Parquet folders
 (one or several, e.g. one per collector) with the same tables and views.
 """
@@ -17,16 +22,19 @@ from __future__ import annotations
 import datetime as dt
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 import duckdb
 
 from treellm import settings
 from treellm.errors import StoreBusyError, StoreError
-from treellm.store.schema import MIGRATIONS
+from treellm.store.schema import MIGRATIONS, MIGRATIONS_TABLE, MIGRATIONS_TABLE_COLUMNS, MIGRATIONS_TABLE_SQL
 
-__all__ = ["DEFAULT_DB", "ENV_DB", "apply_migrations", "default_db_path", "open_parquet", "open_store"]
+__all__ = [
+    "DEFAULT_DB", "ENV_DB", "NotOwnedError", "apply_migrations", "default_db_path", "foreign_store_reason",
+    "open_parquet", "open_store",
+]  # fmt: skip
 
 DEFAULT_DB = str(settings.get(settings.TREELLM_DB, {}))
 ENV_DB = settings.TREELLM_DB.name
@@ -37,6 +45,76 @@ def default_db_path() -> Path:
     return settings.get(settings.TREELLM_DB)
 
 
+class NotOwnedError(StoreError):
+    """A store, or a name in it, belongs to someone else: treellm refuses to change it.
+
+    ``name`` is what was refused: a DuckDB file's path, or a ClickHouse object as
+    ``database.name``. (It belongs beside ``StoreError`` in ``treellm.errors``' tree.)"""
+
+    def __init__(self, message: str, *, name: str, path: str | None = None) -> None:
+        super().__init__(message, path=path)
+        self.name = name
+
+
+def foreign_store_reason(
+    objects: Collection[tuple[str, str]],
+    migrations_columns: Sequence[tuple[str, str]],
+    recorded: Collection[str],
+) -> str | None:
+    """Why a DuckDB database is not a treellm store, or ``None`` when it is one or is empty (pure).
+
+    ``objects`` are its tables and views as (schema, name); ``migrations_columns`` the
+    (name, type) columns of ``main.schema_migrations`` (empty when there is none);
+    ``recorded`` the migration names it records. A treellm store's migrations table has
+    treellm's columns and records treellm's first migration (or, after a first migration
+    interrupted, records nothing and is the only object)."""
+    if not objects:
+        return None
+    if ("main", MIGRATIONS_TABLE) not in objects:
+        shown = ", ".join(sorted(name if schema == "main" else f"{schema}.{name}" for schema, name in objects)[:5])
+        return f"it holds tables ({shown}{', ...' if len(objects) > 5 else ''}) but no treellm migrations table"
+    if tuple(migrations_columns) != MIGRATIONS_TABLE_COLUMNS:
+        return f"its {MIGRATIONS_TABLE} table is not treellm's (other columns)"
+    if MIGRATIONS[0][0] in recorded or (not recorded and len(objects) == 1):
+        return None
+    return f"its {MIGRATIONS_TABLE} table records no treellm migration"
+
+
+def _refuse_foreign_store(con: duckdb.DuckDBPyConnection, target: Path, *, read_only: bool) -> None:
+    """Raise :class:`NotOwnedError` unless ``con`` is a treellm store (or, for a writer, empty)."""
+    objects = {
+        (str(schema), str(name))
+        for schema, name in con.execute(
+            "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = current_database() "
+            "UNION ALL SELECT schema_name, view_name FROM duckdb_views() "
+            "WHERE database_name = current_database() AND NOT internal"
+        ).fetchall()
+    }
+    columns: list[tuple[str, str]] = []
+    recorded: set[str] = set()
+    if ("main", MIGRATIONS_TABLE) in objects:
+        columns = [
+            (str(name), str(kind))
+            for name, kind in con.execute(
+                "SELECT column_name, data_type FROM duckdb_columns() WHERE database_name = current_database() "
+                "AND schema_name = 'main' AND table_name = ? ORDER BY column_index",
+                [MIGRATIONS_TABLE],
+            ).fetchall()
+        ]
+        if columns and columns[0][0] == "name":
+            recorded = {str(row[0]) for row in con.execute(f"SELECT name FROM main.{MIGRATIONS_TABLE}").fetchall()}
+    reason = foreign_store_reason(objects, columns, recorded)
+    if reason is None and read_only and not objects:
+        reason = "it is empty (run `treellm ingest` first)"
+    if reason is not None:
+        raise NotOwnedError(
+            f"{target} is not a treellm store: {reason}; treellm leaves it unchanged (give another path: --db or "
+            f"${ENV_DB})",
+            name=str(target),
+            path=str(target),
+        )
+
+
 def _is_lock_conflict(exc: Exception) -> bool:
     """Another process holds the lock, or (in this process) a connection of the other mode is open."""
     text = str(exc)
@@ -45,8 +123,8 @@ def _is_lock_conflict(exc: Exception) -> bool:
 
 def apply_migrations(con: duckdb.DuckDBPyConnection) -> list[str]:
     """Apply the migrations not yet recorded, each in its own transaction; returns their names."""
-    con.execute("CREATE TABLE IF NOT EXISTS schema_migrations (name VARCHAR PRIMARY KEY, applied_at TIMESTAMP)")
-    done = {row[0] for row in con.execute("SELECT name FROM schema_migrations").fetchall()}
+    con.execute(MIGRATIONS_TABLE_SQL)
+    done = {row[0] for row in con.execute(f"SELECT name FROM {MIGRATIONS_TABLE}").fetchall()}
     applied = []
     for name, sql in MIGRATIONS:
         if name in done:
@@ -54,7 +132,7 @@ def apply_migrations(con: duckdb.DuckDBPyConnection) -> list[str]:
         con.execute("BEGIN TRANSACTION")
         try:
             con.execute(sql)
-            con.execute("INSERT INTO schema_migrations VALUES (?, ?)", [name, dt.datetime.now(dt.UTC)])
+            con.execute(f"INSERT INTO {MIGRATIONS_TABLE} VALUES (?, ?)", [name, dt.datetime.now(dt.UTC)])
             con.execute("COMMIT")
         except duckdb.Error as exc:
             con.execute("ROLLBACK")
@@ -76,7 +154,8 @@ def open_store(
     A writer gets the schema migrated. A lock held by another process is retried
     ``retries`` times with exponential backoff (``on_busy(attempt)`` is told each
     time, so a UI can say "store busy, retrying"), then :class:`StoreBusyError`.
-    A read-only open of a missing file is a :class:`StoreError` naming it.
+    A read-only open of a missing file is a :class:`StoreError` naming it; a file that is
+    not a treellm store is a :class:`NotOwnedError` naming it, never migrated.
     """
     target = Path(path) if path is not None else default_db_path()
     if read_only and not target.exists():
@@ -99,12 +178,13 @@ def open_store(
             if on_busy is not None:
                 on_busy(attempt)
             time.sleep(min(backoff_s * 2 ** (attempt - 1), 1.0))
-    if not read_only:
-        try:
+    try:
+        _refuse_foreign_store(con, target, read_only=read_only)
+        if not read_only:
             apply_migrations(con)
-        except BaseException:
-            con.close()
-            raise
+    except BaseException:
+        con.close()
+        raise
     return con
 
 

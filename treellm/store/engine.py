@@ -7,7 +7,9 @@ relation are the contract; an engine is whatever answers SQL over them. Two engi
   ``duckdb.DuckDBPyConnection`` from ``open_store`` / ``open_parquet``; every analysis
   function also takes the raw DuckDB connection (:func:`as_connection` wraps it);
 - **ClickHouse** (``treellm.store.clickhouse``): a server over HTTP(S) or the embedded
-  chDB engine on a local folder, reading the Collector exporter's ``otel_traces``.
+  chDB engine on a local folder, reading the Collector exporter's ``otel_traces`` through
+  views in treellm's own database (``treellm`` by default), where every query runs: the
+  analysis names ``runs``, the engine reads ``treellm.runs``, never a user's ``default.runs``.
 
 Contract of :meth:`Connection.df`: it blocks until the query finishes and returns a
 DataFrame; SQL is written in the connection's :attr:`~Connection.dialect` with ``?``

@@ -12,7 +12,9 @@ Views (``docs/architecture.md`` definitions): ``runs``, ``nodes``, ``tool_calls`
 ``loop_events``. Spans from other agents (GenAI semantic conventions, OpenInference)
 are mapped into the same promoted columns at ingest, so the views treat them alike.
 
-Hard rule: never edit an applied migration; add a new one.
+Hard rule: never edit an applied migration; add a new one. The applied ones are recorded
+in :data:`MIGRATIONS_TABLE`, whose shape and first recorded name are how ``open_store``
+knows a file for a treellm store (it refuses any other DuckDB file instead of migrating it).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Final
 
 from treellm.store.metrics import METRIC_POINTS_SQL
 
-__all__ = ["MIGRATIONS", "SPAN_COLUMNS"]
+__all__ = ["MIGRATIONS", "MIGRATIONS_TABLE", "MIGRATIONS_TABLE_COLUMNS", "MIGRATIONS_TABLE_SQL", "SPAN_COLUMNS"]
 
 SPAN_COLUMNS: Final = (
     "trace_id",
@@ -335,6 +337,13 @@ FROM span_events e
 JOIN spans s USING (trace_id, span_id)
 WHERE e.name = 'loop:detected';
 """
+
+MIGRATIONS_TABLE: Final = "schema_migrations"
+MIGRATIONS_TABLE_COLUMNS: Final = (("name", "VARCHAR"), ("applied_at", "TIMESTAMP"))
+"""The migrations table's columns and DuckDB types, in order: part of what marks a treellm store."""
+MIGRATIONS_TABLE_SQL: Final = (
+    f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} (name VARCHAR PRIMARY KEY, applied_at TIMESTAMP)"
+)
 
 MIGRATIONS: Final[tuple[tuple[str, str], ...]] = (
     ("0001_raw_tables", _RAW_TABLES),
