@@ -37,12 +37,12 @@ BATCH = 50_000
 
 def load_clickhouse(big: Path, ch: ClickHouseConnection, spans: int) -> None:
     """``big`` (OTLP/JSON lines) into ``otel_traces`` as the exporter's rows, unless already there."""
-    have = int(ch.df("SELECT count() AS n FROM otel_traces")["n"][0])
+    have = int(ch.df(f"SELECT count() AS n FROM {ch.table}")["n"][0])
     if have == spans:
         print(f"reused otel_traces ({have:,} rows)")
         return
     if have:
-        ch.command("TRUNCATE TABLE otel_traces")
+        ch.command(f"TRUNCATE TABLE {ch.table}")
     t0 = time.perf_counter()
     rows: list[dict[str, object]] = []
     with big.open(encoding="utf-8") as handle:
@@ -53,7 +53,7 @@ def load_clickhouse(big: Path, ch: ClickHouseConnection, spans: int) -> None:
                 rows.clear()
     if rows:
         ch.command(insert_sql(rows))
-    ch.command("OPTIMIZE TABLE otel_traces FINAL")
+    ch.command(f"OPTIMIZE TABLE {ch.table} FINAL")
     size = ch.df("SELECT sum(bytes_on_disk) AS b FROM system.parts WHERE table = 'otel_traces' AND active")["b"][0]
     print(f"wrote {spans:,} exporter rows into otel_traces in {time.perf_counter() - t0:.1f} s "
           f"(row building in Python included), {int(size) / 1e6:,.0f} MB on disk")  # fmt: skip

@@ -52,7 +52,7 @@ def test_an_export_of_an_empty_store_reports_zero_runs(tmp_path: Path) -> None:
         "parquet": str(tmp_path / "pq"), "spans": 0, "span_events": 0, "span_links": 0,
     }  # fmt: skip
     assert cli("report", "--parquet", str(tmp_path / "pq"), "--format", "json") == {
-        "runs": 0, "tool_calls": 0, "pruned": 0, "tools": [],
+        "runs": 0, "tool_calls": 0, "pruned": 0, "identical_repeats": 0, "tools": [],
     }  # fmt: skip
     assert cli("tune", "--parquet", str(tmp_path / "pq"), "--format", "json") == {"tools": []}
     con, store = open_parquet([tmp_path / "pq"]), open_store(db, read_only=True)
