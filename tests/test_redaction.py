@@ -3,20 +3,25 @@
 The corpus (tests/data/secrets_corpus.json, synthetic values) is planted in a real
 TreeExecutor run on a ScriptedModel, through the real OpenTelemetry SDK into memory:
 in arguments (flat, nested, camelCase and compound keys, JSON inside strings, malformed
-raw text), results (free text, JSON, straddling the truncation cut, 200 KB long), tool
-exceptions (retried, so ``tool:retry`` events carry them, then the status), the task,
-the model's text, the final answer and a model error.
+raw text, pair lists, base64 of JSON and of ``user:password``), results (free text, JSON,
+straddling the truncation cut, 200 KB long), tool exceptions (retried, so ``tool:retry``
+events carry them, then the status), the task, the model's text, the final answer and a
+model error. Its ``foreign_*`` entries are planted in other frameworks' spans by
+tests/test_foreign_redaction.py; the prefilter and the rules for those spans are pinned here.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import random
 import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -29,17 +34,25 @@ from treellm.errors import ModelError
 from treellm.telemetry import Capture, TelemetryObserver, redaction
 from treellm.telemetry import semconv as sc
 from treellm.telemetry.redaction import (
+    BASE64_WORD_PATTERN,
     MARGIN,
     MASK,
+    PREFILTER_PATTERN,
+    ForeignCapture,
+    content_hash,
     error_type,
+    is_secret_attribute,
     is_secret_key,
     key_parts,
+    may_hold_secret,
     redact_text,
     redact_value,
 )
 
 CORPUS = json.loads((Path(__file__).parent / "data" / "secrets_corpus.json").read_text(encoding="utf-8"))
-ENTRIES: list[dict[str, Any]] = CORPUS["entries"]
+OWN_KINDS = frozenset({"arguments", "raw_arguments", "result", "tool_error", "task", "think", "answer", "model_error"})
+ALL_ENTRIES: list[dict[str, Any]] = CORPUS["entries"]
+ENTRIES = [e for e in ALL_ENTRIES if e["kind"] in OWN_KINDS]  # the ones planted in treellm's own spans
 
 
 def expand(text: str) -> str:
@@ -194,13 +207,15 @@ def leaks(texts: list[tuple[str, str]], needles: dict[str, list[str]]) -> list[s
 
 
 def test_the_corpus_is_big_and_covers_every_place() -> None:
-    assert len(ENTRIES) >= 100
-    assert len({e["id"] for e in ENTRIES}) == len(ENTRIES) and len({e["secret"] for e in ENTRIES}) == len(ENTRIES)
-    kinds = {e["kind"] for e in ENTRIES}
-    assert kinds == {"arguments", "raw_arguments", "result", "tool_error", "task", "think", "answer", "model_error"}
+    assert len(ENTRIES) >= 140 and len(ALL_ENTRIES) - len(ENTRIES) >= 18
+    ids, secrets = {e["id"] for e in ALL_ENTRIES}, {e["secret"] for e in ALL_ENTRIES}
+    assert len(ids) == len(ALL_ENTRIES) and len(secrets) == len(ALL_ENTRIES)
+    kinds = {e["kind"] for e in ALL_ENTRIES}
+    assert kinds == OWN_KINDS | {"foreign_attribute", "foreign_text"}
     labels = " ".join(e["label"] for e in ENTRIES)
     for place in ("camelCase", "compound", "double-encoded", "PEM", "URL", "Bearer", "Basic", "mysql", "Stripe"):
         assert place in labels, place
+    assert sum("pair list" in e["label"] for e in ENTRIES) >= 6 and sum("base64" in e["label"] for e in ENTRIES) >= 10
     assert any("AccountKey" in e.get("text", "") for e in ENTRIES) and any("hf_" in e["secret"] for e in ENTRIES)
     assert sum(1 for e in ENTRIES if e.get("fragments")) >= 6  # split across lines
 
@@ -344,6 +359,155 @@ def test_free_text_patterns_mask_the_secret(text: str, secret: str) -> None:
 )
 def test_ordinary_text_is_left_alone(text: str) -> None:
     assert redact_text(text) == text
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+B64_JSON = b64(json.dumps({"api_key": "sk-b64b64b64b64b64b64b64"}))
+
+
+@pytest.mark.parametrize(
+    ("value", "secret"),
+    [
+        ({"headers": [["password", "pl-pw-1234"]]}, "pl-pw-1234"),
+        ({"env": [["API_TOKEN", "tok-9876543"], ["REGION", "eu"]]}, "tok-9876543"),
+        ({"kv": [("db_password", 48213377561)]}, "48213377561"),
+        ({"blob": B64_JSON}, B64_JSON),
+        ({"login": b64("admin:pw")}, b64("admin:pw")),
+        ({"argv": {"values": [{"stringValue": "--password"}, {"stringValue": "otlp-argv-pw"}]}}, "otlp-argv-pw"),
+    ],
+)  # fmt: skip
+def test_pair_lists_and_base64_are_masked_in_parsed_values(value: dict[str, Any], secret: str) -> None:
+    out = redact_value(value)
+    assert secret not in json.dumps(out)
+    assert secret not in redact_text(json.dumps(value))  # and in their JSON text
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ('creds [["password", "pl-free-77"], ["user", "bob"]]', "pl-free-77"),
+        ("config items: [('client_secret', 'cs-tuple-55'), ('region', 'us')]", "cs-tuple-55"),
+        ('escaped [[\\"passphrase\\", \\"esc-pair-99\\"]] here', "esc-pair-99"),
+        ('bad pair ("password", "lone-tuple-1") in settings', "lone-tuple-1"),
+        ("auth " + b64("admin:pw"), b64("admin:pw")),
+        ("auth " + b64("admin:pw").rstrip("="), b64("admin:pw").rstrip("=")),
+        ("blob " + b64(json.dumps({"api_key": "abc123secret"})) + " end", b64(json.dumps({"api_key": "abc123secret"}))),
+        ("dburl: " + b64("postgres://app:pgpw-123@db/main"), b64("postgres://app:pgpw-123@db/main")),
+        ("urlsafe " + base64.urlsafe_b64encode(b'{"client_secret": "u~s?fe>>sec"}').decode().rstrip("="), "Y2xpZW50"),
+    ],
+)  # fmt: skip
+def test_pair_lists_and_base64_are_masked_in_free_text(text: str, secret: str) -> None:
+    assert secret not in redact_text(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==",
+        "hello " + b64("hello world, nothing here"),
+        "clock " + b64("12:34:56"),
+        "url " + b64("https://example.com/path"),
+        "ConversationalRetrievalChain and MixedCaseIdentifierName",
+        '[["user", "bob"], ["region", "eu-west-1"]]',
+        "call_0123456789abcdef and 5d3f1a2b-9c8e-4f6a-b1d2-3e4f5a6b7c8d",
+    ],
+)
+def test_benign_base64_and_pairs_are_left_alone(text: str) -> None:
+    assert redact_text(text) == text
+
+
+def _corpus_texts() -> list[str]:
+    texts = []
+    for entry in ALL_ENTRIES:
+        if "arguments" in entry:
+            texts.append(json.dumps(entry["arguments"]))
+        else:
+            texts.append(re.sub(r"<PAD:(.):(\d+)>", lambda m: m.group(1) * min(int(m.group(2)), 64), entry["text"]))
+    return texts
+
+
+def _fuzz_texts(count: int, seed: int = 7) -> list[str]:
+    rng = random.Random(seed)
+    pieces = ["a", "B", "0", "9", ":", "/", "@", "=", "+", "-", "_", ".", " ", "\n", '"', "'", "{", "}", "[", "]",
+              ",", "\\", "u", "x", "Z", "q", "--", "p", "sk", "hf", "://", "Pw", "ey", "J", "f", "c",
+              "Ab9+/xY="]  # fmt: skip
+    return ["".join(rng.choice(pieces) for _ in range(rng.randrange(1, 40))) for _ in range(count)]
+
+
+def test_the_prefilter_never_skips_a_text_that_redaction_would_change() -> None:
+    corpus = _corpus_texts()
+    assert all(may_hold_secret(text) for text in corpus)
+    skipped = [text for text in _fuzz_texts(30_000) if not may_hold_secret(text)]
+    assert len(skipped) > 10_000  # it does skip: most short or plain texts never reach the rules
+    assert [text for text in skipped if redact_text(text) != text] == []
+    for plain in ("call_0123456789ab", "gpt-4o-mini", "x" * 500, "src/pkg/module_12.py", "1234567890"):
+        assert not may_hold_secret(plain)
+
+
+def test_the_sql_prefilter_lets_through_every_text_the_python_one_does() -> None:
+    texts = [*_corpus_texts(), *_fuzz_texts(5_000, seed=11)]
+    con = duckdb.connect()
+    try:
+        con.execute("CREATE TABLE t (i INTEGER, v VARCHAR)")
+        con.executemany("INSERT INTO t VALUES (?, ?)", list(enumerate(texts)))
+        kept = {
+            i
+            for (i,) in con.execute(
+                "SELECT i FROM t WHERE length(v) >= 8 AND (regexp_matches(v, ?) OR "
+                "len(list_filter(regexp_extract_all(v, ?), lambda w: lower(w) <> w AND upper(w) <> w)) > 0)",
+                [PREFILTER_PATTERN, BASE64_WORD_PATTERN],
+            ).fetchall()
+        }
+    finally:
+        con.close()
+    assert [text for i, text in enumerate(texts) if may_hold_secret(text) and i not in kept] == []
+    assert "'" not in PREFILTER_PATTERN + BASE64_WORD_PATTERN  # both are spliced into SQL text
+
+
+@pytest.mark.parametrize(
+    ("key", "secret"),
+    [
+        ("http.request.header.authorization", True),
+        ("http.request.header.x-api-key", True),
+        ("http.response.header.set-cookie", True),
+        ("http.request.header.proxy-authorization", True),
+        ("aws.secret_access_key", True),
+        ("llm.openai.api_key", True),
+        ("db.password", True),
+        ("api_key.value", True),
+        ("http.request.header.authorization.0", True),
+        ("treellm.trajectory.api_key", True),
+        ("llm.token_count.prompt", False),
+        ("gen_ai.usage.input_tokens", False),
+        ("session.id", False),
+        ("input.value", False),
+        ("exception.message", False),
+        ("treellm.tool.signature", False),
+        ("treellm.loop.signature", False),
+        ("llm.input_messages.0.message.content", False),
+    ],
+)
+def test_secret_attribute_names(key: str, secret: bool) -> None:
+    assert is_secret_attribute(key) is secret
+
+
+def test_what_each_capture_mode_keeps_of_a_foreign_value() -> None:
+    text = "called with password=Qs-pw-77 ok"
+    redacted, none, full = ForeignCapture("redacted"), ForeignCapture("none"), ForeignCapture("full")
+    assert not full.active and full.value(text, full.rule("input.value")) == text
+    assert redacted.value(text, redacted.rule("input.value")) == "called with password=[REDACTED] ok"
+    assert redacted.rule("http.request.header.authorization") == "mask"
+    assert none.rule("input.value") == "hash" and none.rule("input.value", resource=True) == "redact"
+    hashed = none.value(text, "hash")
+    assert hashed == content_hash("called with password=[REDACTED] ok")  # the hash of the redacted text
+    assert none.value(hashed, "hash") == hashed and none.value("42", "hash") == "42"  # hashes and numbers stay
+    assert none.rule("gen_ai.tool.name") == none.rule("treellm.tool.ordinal") == "redact"  # what a span is
+    assert none.rule("treellm.loop.arguments") == none.rule("treellm.trajectory.submission") == "hash"
+    assert none.status("RuntimeError: password=hunter2") == "RuntimeError"
+    assert redacted.status("RuntimeError: password=hunter2x") == "RuntimeError: password=[REDACTED]"
 
 
 def test_a_secret_straddling_the_cut_is_masked_not_half_shown() -> None:

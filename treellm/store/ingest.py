@@ -21,6 +21,12 @@ Contract:
   the CLI prints on stderr.
 - Re-ingesting adds nothing: (trace_id, span_id) stays unique (an anti-join against
   the stored keys; duplicates are counted).
+- Nothing secret is stored from other frameworks' spans (any span not from treellm's own
+  instrumentation scope): after their placement has derived signatures, call keys and
+  ordinals from the raw values, the same transaction rewrites what is stored of them as the
+  capture mode says (``capture``, else ``configure(capture=...)``, else ``TREELLM_CAPTURE``:
+  :class:`~treellm.telemetry.redaction.ForeignCapture`), each distinct value once. The
+  collector and ``ingest --clickhouse`` store through here.
 - A torn final line (no newline after it, as a crashed writer leaves) is skipped and
   counted in ``skipped``; an empty file ingests nothing and is reported.
 - The writer holds the store's write lock only while it writes one file.
@@ -42,6 +48,7 @@ from typing import Any, Literal
 
 import duckdb
 import orjson
+import pandas as pd
 
 from treellm import settings
 from treellm.errors import IngestError, StoreError
@@ -52,7 +59,20 @@ from treellm.store.foreign import finish_foreign as _finish_foreign
 from treellm.store.foreign import internal_tools  # noqa: F401  (read here by callers of ingest)
 from treellm.store.formats import InputFormat, detect_format, iter_records
 from treellm.store.schema import SPAN_COLUMNS
-from treellm.store.transform import MACROS, READ_COLUMNS, VALIDATE_SQL, stage_sql
+from treellm.store.transform import (
+    MACROS,
+    READ_COLUMNS,
+    REDACT_KEYS_SQL,
+    REDACT_PLACES,
+    REDACT_TARGETS_SQL,
+    REDACT_TEXTS_SQL,
+    REDACT_VALUES_SQL,
+    VALIDATE_SQL,
+    redact_map_sql,
+    redact_text_sql,
+    stage_sql,
+)
+from treellm.telemetry.redaction import MASK, Capture, CaptureMode, ForeignCapture, ValueRule, resolve_capture
 
 __all__ = ["BadRecord", "FileReport", "IngestReport", "InputFormatChoice", "ingest", "ingest_file"]
 
@@ -304,8 +324,70 @@ def _stage_piece(con: duckdb.DuckDBPyConnection, piece: Path, *, append: bool, d
         raise _Refused(str(exc).split("\n", 1)[0]) from exc
 
 
+# -- redaction of other frameworks' spans ------------------------------------------------------------
+
+
+def _redact_foreign(con: duckdb.DuckDBPyConnection, capture: ForeignCapture) -> None:
+    """Rewrite what is stored of the new spans of other frameworks as ``capture`` says: their
+    attributes (resource, event and link ones too), names and status messages, and the derived
+    argument and result texts of their calls (and of the stored calls of their traces, which the
+    placement may have just rewritten). Runs after :func:`_finish_foreign`, inside the caller's
+    transaction: what was derived from the raw values stays. A key's rule is decided once per
+    distinct key; a value crosses into Python once, and only when it may change (DuckDB runs the
+    prefilter); only the rows that change are written back."""
+    if not capture.active:
+        return
+    con.execute(REDACT_TARGETS_SQL)
+    rules: dict[str, ValueRule] = {}
+    places: set[str] = set()  # the maps that change
+    for place, key in con.execute(REDACT_KEYS_SQL).fetchall():
+        rule = rules[key] = capture.rule(key)  # the SQL applies it (a resource attribute is never hashed)
+        if rule == "mask":
+            places.add(place)
+    texts = [(column, value, new) for column, value in con.execute(REDACT_TEXTS_SQL).fetchall()
+             if (new := _redacted_text(capture, column, value)) != value]  # fmt: skip
+    keys = pd.DataFrame([kv for kv in rules.items() if kv[1] != "redact"], columns=["k", "rule"], dtype="string")
+    values: dict[tuple[str, str], str] = {}
+    with _registered(con, redact_keys=keys):
+        for place, rule, value in con.execute(REDACT_VALUES_SQL).fetchall():
+            if (new := capture.value(value, rule)) != value:
+                values[(rule, value)] = new
+                places.add(place)
+    replaced = [(rule, value, new) for (rule, value), new in values.items()]
+    frames = {
+        "redact_keys": keys,
+        "redact_texts": pd.DataFrame(texts, columns=["col", "v", "r"], dtype="string"),
+        "redact_values": pd.DataFrame(replaced, columns=["rule", "v", "r"], dtype="string"),
+    }
+    with _registered(con, **frames):
+        for column in dict.fromkeys(column for column, _, _ in texts):
+            con.execute(redact_text_sql(column))
+        for place in REDACT_PLACES:
+            if place in places:
+                con.execute(redact_map_sql(place, mask=MASK))
+    con.execute("DROP TABLE redact_spans; DROP TABLE redact_calls; DROP TABLE redact_entries")
+
+
+def _redacted_text(capture: ForeignCapture, column: str, value: str) -> str:
+    if column == "status_message":
+        return capture.status(value)
+    return capture.text(value) if column == "name" else capture.content(value)
+
+
+@contextmanager
+def _registered(con: duckdb.DuckDBPyConnection, **frames: pd.DataFrame) -> Iterator[None]:
+    for name, frame in frames.items():
+        con.register(name, frame)
+    try:
+        yield
+    finally:
+        for name in frames:
+            con.unregister(name)
+
+
 def _load_stage(con: duckdb.DuckDBPyConnection) -> tuple[int, int, int]:
-    """Validate, insert and finish the staged spans inside the caller's transaction."""
+    """Validate, insert and finish the staged spans inside the caller's transaction (the new
+    rows stay in the view ``fresh`` for :func:`_load_chunk`)."""
     try:
         flagged = con.execute(VALIDATE_SQL).fetchone()
     except duckdb.Error as exc:
@@ -320,6 +402,13 @@ def _load_stage(con: duckdb.DuckDBPyConnection) -> tuple[int, int, int]:
         "WHERE s.skill_name IS NULL AND (s.span_id = split_part(s.run_id, ':', 2) "
         "OR (s.convention IS NULL AND s.operation = 'invoke_agent' AND s.node_id IS NULL AND s.run_id IS NOT NULL))",
     )
+    return new, runs, duplicates
+
+
+def _load_chunk(con: duckdb.DuckDBPyConnection, capture: ForeignCapture) -> tuple[int, int, int]:
+    """:func:`_load_stage`, then :func:`_redact_foreign` of what it stored, in the same transaction."""
+    new, runs, duplicates = _load_stage(con)
+    _redact_foreign(con, capture)
     con.execute("DROP VIEW IF EXISTS fresh")
     con.execute("DROP TABLE IF EXISTS fresh_rows")
     con.execute("DROP TABLE IF EXISTS stored_keys")
@@ -327,7 +416,9 @@ def _load_stage(con: duckdb.DuckDBPyConnection) -> tuple[int, int, int]:
     return new, runs, duplicates
 
 
-def _load_jsonl(db: Path, jsonl: Path, *, display: str, retries: int = 20) -> tuple[int, int, int]:
+def _load_jsonl(
+    db: Path, jsonl: Path, *, display: str, retries: int = 20, capture: CaptureMode = "redacted"
+) -> tuple[int, int, int]:
     """One transaction: stage (in pieces), validate, insert, finish (every :data:`CHUNK_BYTES`).
     Returns (spans, runs, duplicates); raises :class:`_Refused` (after a rollback) when DuckDB
     refuses to stage the file or the SQL check flags a span."""
@@ -337,16 +428,17 @@ def _load_jsonl(db: Path, jsonl: Path, *, display: str, retries: int = 20) -> tu
         con.execute("SET preserve_insertion_order = false")
         con.execute(MACROS)
         totals = [0, 0, 0]
+        foreign = ForeignCapture(capture)  # its memo lives as long as the transaction
         with tempfile.TemporaryDirectory(prefix="treellm-pieces-") as tmp, _transaction(con):
             staged = 0
             for piece, size in _pieces(jsonl, Path(tmp)):
                 _stage_piece(con, piece, append=staged > 0, display=display)
                 staged += size
                 if staged >= CHUNK_BYTES:
-                    totals = [t + v for t, v in zip(totals, _load_stage(con), strict=True)]
+                    totals = [t + v for t, v in zip(totals, _load_chunk(con, foreign), strict=True)]
                     staged = 0
             if staged:
-                totals = [t + v for t, v in zip(totals, _load_stage(con), strict=True)]
+                totals = [t + v for t, v in zip(totals, _load_chunk(con, foreign), strict=True)]
         return totals[0], totals[1], totals[2]
     except duckdb.Error as exc:
         raise StoreError(f"{display}: the store refused the data: {exc}", path=display) from exc
@@ -393,11 +485,16 @@ def ingest_file(
     *,
     skip_bad: bool = False,
     retries: int = 20,
+    capture: Capture | CaptureMode | None = None,
 ) -> FileReport:
     """Ingest one file in one transaction (see the module docstring).
 
-    ``retries`` bounds the waits for a busy store before :class:`StoreBusyError`.
+    ``retries`` bounds the waits for a busy store before :class:`StoreBusyError`. ``capture``
+    decides what is stored of other frameworks' spans: this argument, else
+    ``configure(capture=...)``, else ``TREELLM_CAPTURE``, else ``redacted``
+    (:func:`~treellm.telemetry.redaction.resolve_capture`).
     """
+    mode = resolve_capture(capture).mode
     source = Path(path)
     display = str(path)
     if not source.is_file():
@@ -425,7 +522,9 @@ def ingest_file(
                     copy_without_torn_tail(source, jsonl)
                     skipped = 1
                 try:
-                    spans, runs, duplicates = _load_jsonl(Path(db), jsonl, display=display, retries=retries)
+                    spans, runs, duplicates = _load_jsonl(
+                        Path(db), jsonl, display=display, retries=retries, capture=mode
+                    )
                 except _Refused:
                     pass
                 else:
@@ -446,7 +545,7 @@ def ingest_file(
             empty = not bad and not skipped
             return FileReport(display, fmt, 0, 0, 0, skipped, empty=empty, bad=tuple(bad), warnings=tuple(warnings))
         try:
-            spans, runs, duplicates = _load_jsonl(Path(db), jsonl, display=display, retries=retries)
+            spans, runs, duplicates = _load_jsonl(Path(db), jsonl, display=display, retries=retries, capture=mode)
         except _Refused as exc:
             raise IngestError(f"DuckDB refused the file: {exc}", path=display) from exc
     return FileReport(display, fmt, spans, runs, duplicates, skipped, bad=tuple(bad), warnings=tuple(warnings))
@@ -480,19 +579,21 @@ def ingest(
     *,
     skip_bad: bool = False,
     progress: Callable[[int, int, str], None] | None = None,
+    capture: Capture | CaptureMode | None = None,
 ) -> IngestReport:
     """Ingest files (folders are walked) into the store at ``store``, one transaction each.
 
     Without ``skip_bad`` the first bad file raises :class:`IngestError`; the files
     before it stay ingested (each was its own transaction). ``progress(done, total,
-    path)`` is called before each file.
+    path)`` is called before each file. ``capture``: as :func:`ingest_file`.
     """
+    capture = resolve_capture(capture)
     files = _expand(paths)
     reports: list[FileReport] = []
     for index, file in enumerate(files):
         if progress is not None:
             progress(index, len(files), str(file))
-        reports.append(ingest_file(store, file, input_format, skip_bad=skip_bad))
+        reports.append(ingest_file(store, file, input_format, skip_bad=skip_bad, capture=capture))
     if progress is not None:
         progress(len(files), len(files), "")
     return IngestReport(

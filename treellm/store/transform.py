@@ -4,6 +4,10 @@ DuckDB parses and unnests the JSON itself (``read_json`` with explicit columns: 
 schema-detection pass, no Python loop over spans), maps the attributes of treellm,
 the GenAI semantic conventions and OpenInference onto the promoted columns, and keeps
 every attribute in a ``MAP(VARCHAR, VARCHAR)``. Pure: functions return SQL text.
+
+Also the SQL of the redaction step (:mod:`treellm.store.ingest` runs it after the placement
+of other frameworks' spans): which stored rows it covers, the distinct keys and values it
+hands to Python (a prefilter in SQL first), and the updates that write back only what changed.
 """
 
 from __future__ import annotations
@@ -13,8 +17,20 @@ from typing import Final
 from treellm.otlp.validate import validate_sql
 from treellm.telemetry import conventions as conv
 from treellm.telemetry import semconv as sc
+from treellm.telemetry.redaction import BASE64_WORD_PATTERN, PREFILTER_PATTERN
 
-__all__ = ["MACROS", "READ_COLUMNS", "stage_sql"]
+__all__ = [
+    "MACROS",
+    "READ_COLUMNS",
+    "REDACT_KEYS_SQL",
+    "REDACT_PLACES",
+    "REDACT_TARGETS_SQL",
+    "REDACT_TEXTS_SQL",
+    "REDACT_VALUES_SQL",
+    "redact_map_sql",
+    "redact_text_sql",
+    "stage_sql",
+]
 
 _ANY = (
     "STRUCT(stringValue VARCHAR, intValue VARCHAR, doubleValue VARCHAR, boolValue BOOLEAN, "
@@ -158,3 +174,118 @@ FROM flat
 VALIDATE_SQL: Final = validate_sql("stage")
 """A row of the stage that breaks a rule of :mod:`treellm.otlp.validate`, generated from its rule
 table (never written here): any row sends the file through the one validator, which decides."""
+
+
+# -- redaction of other frameworks' spans ----------------------------------------------------------
+# Runs inside the ingest's transaction, after the placement derived signatures, call keys and
+# ordinals from the raw values: it rewrites what is stored, never what was derived from it.
+
+REDACT_PLACES: Final = {
+    "attributes": ("spans", "attributes", ()),
+    "resource_attributes": ("spans", "resource_attributes", ()),
+    "events": ("span_events", "attributes", ("event_index",)),
+    "links": ("span_links", "attributes", ("link_index",)),
+}
+"""Each map of attributes redacted: (table, column, the columns that key a row past the span's)."""
+
+_ENTRIES = " UNION ALL ".join(
+    f"SELECT '{place}' AS place, unnest(map_keys({column})) AS k, unnest(map_values({column})) AS v "
+    f"FROM {table} SEMI JOIN redact_spans USING (trace_id, span_id)"
+    for place, (table, column, _) in REDACT_PLACES.items()
+)
+
+REDACT_TARGETS_SQL: Final = f"""
+CREATE OR REPLACE TEMP TABLE redact_spans AS
+SELECT trace_id, span_id FROM fresh WHERE scope_name IS DISTINCT FROM '{sc.INSTRUMENTATION_NAME}';
+CREATE OR REPLACE TEMP TABLE redact_calls AS
+SELECT trace_id, span_id FROM redact_spans
+UNION
+SELECT s.trace_id, s.span_id FROM spans s SEMI JOIN (SELECT DISTINCT trace_id FROM redact_spans) USING (trace_id)
+WHERE s.convention IS NOT NULL AND s.scope_name IS DISTINCT FROM '{sc.INSTRUMENTATION_NAME}';
+CREATE OR REPLACE TEMP TABLE redact_entries AS
+SELECT DISTINCT place, k, v FROM ({_ENTRIES}) WHERE v IS NOT NULL;
+"""
+"""``redact_spans``: the new spans not from treellm's own instrumentation scope. ``redact_calls``:
+those and the stored spans of other frameworks in their traces, whose derived ``arguments`` the
+placement may have just rewritten (a call whose parent arrived later takes its arguments from it).
+``redact_entries``: every distinct (place, key, value) of the attributes of ``redact_spans``."""
+
+
+REDACT_KEYS_SQL: Final = "SELECT DISTINCT place, k FROM redact_entries"
+"""The distinct keys of each place's maps."""
+
+
+def _may_hold_secret(value: str) -> str:
+    """:func:`treellm.telemetry.redaction.may_hold_secret` in SQL (the same words, in RE2)."""
+    return (
+        f"(length({value}) >= 8 AND (regexp_matches({value}, '{PREFILTER_PATTERN}') OR "
+        f"(lower({value}) <> {value} AND upper({value}) <> {value} AND "
+        f"len(list_filter(regexp_extract_all({value}, '{BASE64_WORD_PATTERN}'), "
+        "lambda w: lower(w) <> w AND upper(w) <> w)) > 0)))"
+    )
+
+
+REDACT_VALUES_SQL: Final = f"""
+WITH ruled AS (
+    SELECT e.place, e.v, CASE WHEN rk.rule = 'hash' AND e.place = 'resource_attributes' THEN 'redact'
+                              ELSE coalesce(rk.rule, 'redact') END AS rule
+    FROM redact_entries e LEFT JOIN redact_keys rk ON rk.k = e.k
+)
+SELECT DISTINCT place, rule, v FROM ruled
+WHERE rule = 'hash' OR (rule = 'redact' AND {_may_hold_secret("v")})
+"""
+"""The distinct values that the rules of ``redact_keys(k, rule)`` may change, with their place and
+rule: every value to hash, and the values to redact that may hold a secret (the prefilter runs in
+DuckDB, on distinct values, so the rest never crosses into Python)."""
+
+REDACT_TEXTS_SQL: Final = " UNION ALL ".join(
+    f"SELECT DISTINCT '{column}' AS col, {column} AS v FROM spans SEMI JOIN {targets} USING (trace_id, span_id) "
+    f"WHERE {column} IS NOT NULL"
+    for column, targets in (
+        ("name", "redact_spans"), ("status_message", "redact_spans"), ("arguments", "redact_calls"),
+        ("result", "redact_calls"),
+    )
+)  # fmt: skip
+"""Every distinct span name, status message, derived argument and result text to redact."""
+
+
+def redact_text_sql(column: str) -> str:
+    """Write ``redact_texts(col, v, r)``'s replacements into ``column`` of the targeted spans."""
+    targets = "redact_spans" if column in ("name", "status_message") else "redact_calls"
+    return f"""
+UPDATE spans SET {column} = u.r
+FROM (SELECT s.trace_id, s.span_id, t.r FROM spans s SEMI JOIN {targets} USING (trace_id, span_id)
+      JOIN redact_texts t ON t.col = '{column}' AND t.v = s.{column}) u
+WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id
+"""
+
+
+def redact_map_sql(place: str, *, mask: str) -> str:
+    """Rebuild the maps of ``place`` (:data:`REDACT_PLACES`) that change: each entry's rule comes
+    from ``redact_keys(k, rule)`` (absent: ``redact``; a resource attribute is never hashed), its
+    value from ``redact_values(rule, v, r)`` (absent: unchanged) or ``mask`` for a masked key."""
+    table, column, index = REDACT_PLACES[place]
+    keys = ", ".join(("trace_id", "span_id", *index))
+    rule = "coalesce(rk.rule, 'redact')"
+    if place == "resource_attributes":
+        rule = "CASE WHEN rk.rule = 'mask' THEN 'mask' ELSE 'redact' END"
+    where = " AND ".join(f"{table}.{key} = u.{key}" for key in ("trace_id", "span_id", *index))
+    return f"""
+UPDATE {table} SET {column} = u.m FROM (
+    SELECT {keys}, map_from_entries(list(struct_pack(k := k, v := v) ORDER BY i)) AS m
+    FROM (
+        SELECT {keys}, e.i, e.k, CASE WHEN e.rule = 'mask' THEN '{mask}' ELSE coalesce(x.r, e.v) END AS v,
+               e.rule = 'mask' OR x.r IS NOT NULL AS changed
+        FROM (
+            SELECT e.*, {rule} AS rule
+            FROM (SELECT {keys}, generate_subscripts(map_keys({column}), 1) AS i,
+                         unnest(map_keys({column})) AS k, unnest(map_values({column})) AS v
+                  FROM {table} SEMI JOIN redact_spans USING (trace_id, span_id)) e
+            LEFT JOIN redact_keys rk ON rk.k = e.k
+        ) e
+        LEFT JOIN redact_values x ON x.rule = e.rule AND x.v = e.v
+    )
+    GROUP BY ALL HAVING bool_or(changed)
+) u
+WHERE {where}
+"""

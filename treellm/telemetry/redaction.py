@@ -72,6 +72,9 @@ default, which only ``configure`` writes.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -81,16 +84,24 @@ from typing import Any, Literal, get_args
 from treellm import settings
 from treellm.errors import ConfigError
 from treellm.signature import RawArguments, canonical_json
+from treellm.telemetry import conventions as conv
 
 __all__ = [
+    "BASE64_WORD_PATTERN",
     "JSON_DEPTH",
     "MARGIN",
     "MASK",
+    "PREFILTER_PATTERN",
     "Capture",
     "CaptureMode",
+    "ForeignCapture",
+    "ValueRule",
+    "content_hash",
     "error_type",
+    "is_secret_attribute",
     "is_secret_key",
     "key_parts",
+    "may_hold_secret",
     "redact_text",
     "redact_value",
     "resolve_capture",
@@ -221,6 +232,36 @@ _PROSE = re.compile(
     r"(?i)\b(?:password|passwd|passphrase|pwd|secret|token|api[ _-]?key)[ \t]+(?:is|was|=|:)[ \t]+"
     r"(?P<v>[^\s,;'\"]+?)(?=[.,;:!?)]?(?:\s|\Z))"
 )
+_PAIR_ITEM = re.compile(
+    r"""
+    [\[(][ \t]*(?P<kq>\\*["'])(?P<key>[A-Za-z_][\w.\-]{0,80})(?P=kq)[ \t]*,[ \t]*
+    (?:
+        "(?P<dq>(?:[^"\\]|\\.)*)(?:"|\Z)
+      | (?P<esc>\\+)"(?P<eq>.*?)(?:(?<!\\)(?P=esc)"|\Z)
+      | '(?P<sq>[^'\n]*)(?:'|\Z)
+      | (?P<bare>[^\s,;"'\[\]()\\]+)(?=[ \t]*\])
+    )
+    """,
+    re.VERBOSE,
+)
+"""An item of a pair list: ``["password", "v"]``, ``('token', 'v')``, ``[\\"api_key\\", \\"v\\"]``,
+``["pin", 1234]``."""
+_QUOTED_FLAG = re.compile(
+    r"""
+    (?P<kq>\\*["'])--?(?P<key>[A-Za-z][\w.\-]{0,80})(?P=kq)[ \t]*,[ \t]*
+    (?:
+        "(?P<dq>(?:[^"\\]|\\.)*)(?:"|\Z)
+      | (?P<esc>\\+)"(?P<eq>.*?)(?:(?<!\\)(?P=esc)"|\Z)
+      | '(?P<sq>[^'\n]*)(?:'|\Z)
+    )
+    """,
+    re.VERBOSE,
+)
+"""An argv list written out in text: ``"--password", "v"`` (a JSON or Python list in a message)."""
+_BASE64 = re.compile(r"(?<![A-Za-z0-9+/_\-])[A-Za-z0-9+/_\-]{11,}={0,2}(?![A-Za-z0-9+/=_\-])")
+"""A base64 (or URL-safe base64) word long enough to hold ``user:pw`` (8 bytes: 11 characters and more)."""
+_BASIC_CREDENTIAL = re.compile(r"[^\s:]*[A-Za-z][^\s:]*:(?!//)\S{2,}")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ufffd]")
 _RANDOM_SPECIALS = frozenset("0123456789+/=_.~-")
 
 
@@ -282,6 +323,54 @@ def _prose_spans(match: re.Match[str]) -> list[Span]:
     return _group_spans(match, ("v",)) if len(match.group("v")) >= 6 else []
 
 
+_NOT_SECRETS = frozenset({"true", "false", "null", "none"})
+
+
+def _pair_item_spans(match: re.Match[str]) -> list[Span]:
+    """The value of a pair under a secret key; a bare one only when it ends a list (``["pin", 1234]``)
+    and is not a literal (``get('pass_original', False)`` is code, not a secret)."""
+    if not is_secret_key(match.group("key")) or (match.group("bare") or "").lower() in _NOT_SECRETS:
+        return []
+    return _group_spans(match, ("dq", "eq", "sq", "bare"))
+
+
+def _quoted_flag_spans(match: re.Match[str]) -> list[Span]:
+    return _group_spans(match, ("dq", "eq", "sq")) if is_secret_key(match.group("key")) else []
+
+
+def _mixed_case(word: str) -> bool:
+    return word != word.lower() and word != word.upper()
+
+
+def _base64_text(word: str) -> str | None:
+    """The text that a base64 (or URL-safe base64) word decodes to: UTF-8 without control
+    characters (tabs and line breaks allowed); None when it decodes to anything else."""
+    body = word.rstrip("=")
+    urlsafe = "-" in body or "_" in body
+    if len(body) % 4 == 1 or (urlsafe and ("+" in body or "/" in body)):
+        return None
+    try:
+        raw = base64.b64decode(body + "=" * (-len(body) % 4), altchars=b"-_" if urlsafe else None, validate=True)
+        text = raw.decode("utf-8")
+    except (binascii.Error, ValueError):  # UnicodeDecodeError is a ValueError
+        return None
+    return None if _CONTROL.search(text) else text
+
+
+def _base64_spans(text: str) -> list[Span]:
+    """Base64 words (mixed case, 11 characters or more) that decode to text holding a secret:
+    ``user:password`` basic credentials, or anything the rules here mask (JSON with secret keys...)."""
+    spans = []
+    for match in _BASE64.finditer(text):
+        word = match.group()
+        if not _mixed_case(word):
+            continue
+        decoded = _base64_text(word)
+        if decoded is not None and (_BASIC_CREDENTIAL.fullmatch(decoded) or redact_text(decoded) != decoded):
+            spans.append(match.span())
+    return spans
+
+
 def _each(pattern: re.Pattern[str], spans_of: Callable[[re.Match[str]], list[Span]]) -> Callable[[str], list[Span]]:
     return lambda text: [span for match in pattern.finditer(text) for span in spans_of(match)]
 
@@ -297,6 +386,9 @@ _FINDERS: list[Callable[[str], list[Span]]] = [
     _each(_COMMAND, lambda m: _group_spans(m, _COMMAND_GROUPS)),
     _each(_SCHEME, _scheme_spans),
     _each(_PROSE, _prose_spans),
+    _each(_PAIR_ITEM, _pair_item_spans),
+    _each(_QUOTED_FLAG, _quoted_flag_spans),
+    _base64_spans,
 ]
 
 
@@ -389,8 +481,10 @@ def _redact(value: Any, depth: int, limit: int | None) -> Any:
             for k, v in value.items()
         }
     if isinstance(value, list | tuple):
+        if len(value) == 2 and isinstance(value[0], str) and is_secret_key(value[0]) and _scalar(value[1]):
+            return [value[0], MASK]  # a pair: [["password", v]], [("token", v)] as JSON
         return [
-            MASK if i and isinstance(v, str) and _is_secret_flag(value[i - 1]) else _redact(v, depth, limit)
+            _masked_item(v) if i and _is_secret_flag(value[i - 1]) else _redact(v, depth, limit)
             for i, v in enumerate(value)
         ]
     if isinstance(value, str):
@@ -400,13 +494,37 @@ def _redact(value: Any, depth: int, limit: int | None) -> Any:
     return value
 
 
+def _scalar(value: object) -> bool:
+    return value is None or isinstance(value, str | int | float | RawArguments)
+
+
 _FLAG_ITEM = re.compile(r"--?(?P<key>[A-Za-z][\w.\-]*)")
+
+
+def _otlp_string(item: object) -> str | None:
+    """A string item, or the text of an OTLP/JSON ``{"stringValue": ...}`` item (how the store
+    keeps an array attribute such as ``process.command_args``)."""
+    if isinstance(item, str):
+        return item
+    if isinstance(item, Mapping) and isinstance(text := item.get("stringValue"), str):
+        return text
+    return None
 
 
 def _is_secret_flag(item: object) -> bool:
     """An argv item such as ``--password`` or ``--api-key`` (its next item is the secret)."""
-    match = _FLAG_ITEM.fullmatch(item) if isinstance(item, str) else None
+    text = _otlp_string(item)
+    match = _FLAG_ITEM.fullmatch(text) if text is not None else None
     return match is not None and is_secret_key(match.group("key"))
+
+
+def _masked_item(item: Any) -> Any:
+    """The argv item after a secret flag, masked (an OTLP ``stringValue`` keeps its shape)."""
+    if isinstance(item, str):
+        return MASK
+    if isinstance(item, Mapping) and isinstance(item.get("stringValue"), str):
+        return {**item, "stringValue": MASK}
+    return item
 
 
 def _truncate(text: str, limit: int) -> str:
@@ -422,6 +540,172 @@ def error_type(message: str) -> str:
     """The exception type that starts an ``"ExcType: message"`` text, else ``"error"`` (never content)."""
     head = message.split(":", 1)[0].strip()
     return head if len(head) <= 120 and _ERROR_TYPE.fullmatch(head) and ":" in message else "error"
+
+
+# -- other frameworks' spans -------------------------------------------------------------------------
+
+_HINTS = (
+    # secret-key words, schemes, prose (every secret key holds one: see is_secret_key)
+    "pass", "pwd", "secret", "token", "key", "auth", "cred", "cookie", "session", "bearer", "private", "sig",
+    "jwt", "basic", "digest",
+    # URLs, JSON escapes that could hide any of these, Azure keys' padding, commands
+    "://", "\\u", "\\/", "==", "mysql", "mariadb", "sshpass", "-u ", "-u\t", "--user",
+    # provider tokens, by their prefix (lower-cased)
+    "sk-", "rk_", "sk_", "pk_", "whsec_", "akia", "asia", "abia", "acca", "eyj", "ghp_", "gho_", "ghu_", "ghs_",
+    "ghr_", "github_pat_", "glpat-", "xox", "aiza", "ya29.", "hf_", "npm_", "pypi-", "sg.", "sq0", "shp",
+    "dop_v1_", "dapi",
+)  # fmt: skip
+_HEX32 = re.compile(r"[0-9a-fA-F]{32}")  # Twilio and Mailchimp keys
+
+
+def _re2_literal(text: str) -> str:
+    return "".join("\\t" if c == "\t" else f"\\{c}" if c in "\\.+*?()|[]{}^$" else c for c in text)
+
+
+PREFILTER_PATTERN = "(?i)" + "|".join(_re2_literal(hint) for hint in _HINTS) + "|[0-9a-f]{32}"
+""":func:`may_hold_secret` for a SQL engine (RE2 syntax, DuckDB's ``regexp_matches``): a text of 8
+characters or more may hold a secret when it matches this, or holds a mixed-case word of
+:data:`BASE64_WORD_PATTERN`."""
+BASE64_WORD_PATTERN = "[A-Za-z0-9+/_-]{11,}"
+
+
+def may_hold_secret(text: str) -> bool:
+    """False only for a text that :func:`redact_text` leaves as it is: a cheap prefilter
+    (substring tests on the lower-cased text, two regex scans). True when the text has 8
+    characters or more and holds a word that starts a rule here (a secret-key hint, a scheme,
+    ``://``, a JSON escape, a command, a provider token's prefix, 32 hex digits) or a mixed-case
+    base64-like word of 11 characters or more; ``tests/test_redaction.py`` checks the claim."""
+    if len(text) < 8:
+        return False
+    lower = text.lower()
+    for hint in _HINTS:
+        if hint in lower:
+            return True
+    if _HEX32.search(text) is not None:
+        return True
+    return any(_mixed_case(match.group()) for match in _BASE64.finditer(text))
+
+
+_GENERIC_LEAVES = frozenset({"value", "values", "text", "content", "raw", "data", "string", "str"})
+_OWN_PREFIX = "treellm."
+_OWN_FILE_PREFIX = "treellm.trajectory."  # fields read from a trajectory file: its content, not ours
+_OWN_CONTENT_KEYS = frozenset({
+    "treellm.run.task", "treellm.run.answer", "treellm.think.text", "treellm.loop.arguments", "treellm.retry.error",
+})  # fmt: skip
+
+
+def is_secret_attribute(key: str) -> bool:
+    """True when the value of an OpenTelemetry attribute named ``key`` is taken for a secret.
+
+    Its last dotted segment (array indices skipped) is a secret key (:func:`is_secret_key`):
+    ``http.request.header.authorization``, ``http.request.header.x-api-key``, ``db.password``;
+    or it is a generic leaf (``value``, ``text``, ``content``...) under a secret key
+    (``api_key.value``). A namespace is not enough: ``llm.token_count.prompt`` and
+    ``session.id`` are not secrets, and treellm's own names never are (``treellm.tool.signature``).
+    """
+    if key.startswith(_OWN_PREFIX) and not key.startswith(_OWN_FILE_PREFIX):
+        return False
+    segments = [segment for segment in key.split(".") if segment and not segment.isdigit()]
+    if not segments:
+        return False
+    if is_secret_key(segments[-1]):
+        return True
+    return len(segments) > 1 and segments[-1].lower() in _GENERIC_LEAVES and is_secret_key(segments[-2])
+
+
+_STRUCTURAL_KEYS = frozenset({
+    conv.OPERATION, conv.OPENINFERENCE_KIND, conv.TRACELOOP_KIND, conv.TRACELOOP_NAME, conv.LOGFIRE_SPAN_TYPE,
+    "llm.request.type", *conv.TOOL_NAME_KEYS, *conv.CALL_ID_KEYS, *conv.MODEL_KEYS, *conv.AGENT_NAME_KEYS,
+    *conv.INPUT_TOKEN_KEYS, *conv.OUTPUT_TOKEN_KEYS, "gen_ai.system", "gen_ai.provider.name", "gen_ai.tool.type",
+    "gen_ai.response.finish_reasons", "gen_ai.response.id", "gen_ai.conversation.id", "llm.provider", "llm.system",
+    "input.mime_type", "output.mime_type", "session.id", "exception.type", "exception.escaped",
+})  # fmt: skip
+"""Attributes that say what a span is, not what it carried: kept (redacted) under ``capture="none"``."""
+_LITERAL = re.compile(r"-?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?|true|false|True|False")
+_HASH_MARK = re.compile(r"\[hash [0-9a-f]{16}\]")
+
+ValueRule = Literal["mask", "redact", "hash"]
+"""What is stored of an attribute's value: ``[REDACTED]`` (a secret key), its redacted text,
+or (``capture="none"``) :func:`content_hash` of its redacted text."""
+
+
+def content_hash(text: str) -> str:
+    """``[hash <16 hex digits>]``: what ``capture="none"`` stores for a content value (blake2b,
+    64 bits, of the *redacted* text, so no hash of a secret is ever stored)."""
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+    return f"[hash {digest}]"
+
+
+class ForeignCapture:
+    """What the store keeps of other frameworks' spans under one capture mode: the redaction
+    of treellm's own spans, applied to the values stored instead of the values captured.
+
+    - ``full``: everything as received (:attr:`active` is False: nothing to do).
+    - ``redacted``: values under secret attribute keys (:func:`is_secret_attribute`) become
+      ``[REDACTED]``; every other value, status message, span name and derived argument or
+      result text goes through :func:`redact_text`. Nothing is cut: a value keeps its length
+      but for what is masked.
+    - ``none``: as ``redacted``, then content (every attribute but the structural ones, numbers
+      and booleans; derived arguments and results) is stored as :func:`content_hash`, a status
+      message as its exception type (:func:`error_type`); resource attributes and span names
+      are redacted, not hashed.
+
+    Each distinct text is redacted once (memoised; :func:`may_hold_secret` skips the rest), each
+    key's rule decided once. Pure but for those memos; one instance per ingest transaction.
+    """
+
+    def __init__(self, mode: CaptureMode) -> None:
+        self.mode = mode
+        self._texts: dict[str, str] = {}
+        self._rules: dict[str, ValueRule] = {}
+
+    @property
+    def active(self) -> bool:
+        return self.mode != "full"
+
+    def rule(self, key: str, *, resource: bool = False) -> ValueRule:
+        """The rule for the values of attribute ``key`` (a resource attribute is never hashed)."""
+        found = self._rules.get(key)
+        if found is None:
+            if is_secret_attribute(key):
+                found = "mask"
+            elif self.mode == "none" and not _structural(key):
+                found = "hash"
+            else:
+                found = "redact"
+            self._rules[key] = found
+        return "redact" if resource and found == "hash" else found
+
+    def text(self, value: str) -> str:
+        """``value`` redacted (``full``: as it is)."""
+        if self.mode == "full" or not may_hold_secret(value):
+            return value
+        found = self._texts.get(value)
+        if found is None:
+            found = self._texts[value] = redact_text(value)
+        return found
+
+    def value(self, value: str, rule: ValueRule) -> str:
+        """What is stored of ``value`` under ``rule`` (a hash stays as it is)."""
+        if rule == "mask":
+            return MASK
+        if rule == "hash" and not (_LITERAL.fullmatch(value) or _HASH_MARK.fullmatch(value)):
+            return content_hash(self.text(value))
+        return self.text(value)
+
+    def content(self, value: str) -> str:
+        """A derived argument or result text: redacted, or hashed under ``none``."""
+        return self.value(value, "hash" if self.mode == "none" else "redact")
+
+    def status(self, message: str) -> str:
+        """A status message: redacted, or its exception type under ``none``."""
+        return error_type(message) if self.mode == "none" else self.text(message)
+
+
+def _structural(key: str) -> bool:
+    if key.startswith(_OWN_PREFIX):
+        return key not in _OWN_CONTENT_KEYS and not key.startswith(_OWN_FILE_PREFIX)
+    return key in _STRUCTURAL_KEYS
 
 
 @dataclass(frozen=True, slots=True)
