@@ -10,7 +10,11 @@
   or to the end of the text), ``mysql -pPW``/``sshpass -p``/``curl -u user:pw``, and
   provider tokens by their prefix (OpenAI, Anthropic, Stripe, AWS, GitHub, GitLab,
   Slack, Google, Hugging Face, npm, PyPI, SendGrid, Twilio, Azure storage keys, JWTs,
-  ...). A token or an unquoted value that goes on over a line break (a wrapped key,
+  ...); the value of a pair under a secret key (``[["password", v]]``, ``("token", v)``,
+  parsed or in text) and the item after a secret flag in an argv list (``"--password",
+  "v"``, OTLP string arrays too); a base64 word (mixed case, 11 characters or more) that
+  decodes to UTF-8 text holding a secret (JSON with secret keys, ``user:password``, a URL
+  with a password...). A token or an unquoted value that goes on over a line break (a wrapped key,
   a shell ``\\`` continuation) is masked on the following line too, when that line
   starts with a token-like word with a digit or ``+/=`` in it that ends the line (or
   is 16 characters or more).
@@ -64,6 +68,15 @@ SendGrid, Twilio, JWT, private keys) informed the patterns here. A dependency wo
 not remove the structural work (keys, nested JSON, windows), which is where most
 leaks were. No entropy detector: it masks hashes and ids (the result hashes and
 signatures loop analytics need look exactly like secrets to it).
+
+Other frameworks' spans: :class:`ForeignCapture` applies these rules, by the same mode,
+to what the store keeps of spans that treellm did not make (``treellm.store.ingest`` runs
+it after deriving signatures and ordinals from the raw values): values under secret
+attribute names (:func:`is_secret_attribute`) masked whole, every other value redacted
+and never cut, and under ``none`` content stored as :func:`content_hash`. Values that
+cannot hold a secret are skipped by :func:`may_hold_secret` (and by
+:data:`PREFILTER_PATTERN` in SQL), which is exact in one direction: a text it skips is one
+:func:`redact_text` leaves unchanged.
 
 Mode resolution: the argument > what ``treellm.configure(capture=...)`` set >
 ``TREELLM_CAPTURE`` > ``"redacted"``. Pure functions except that one process-wide
