@@ -395,7 +395,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                 min_samples=args.min_samples,
                 min_productive=args.min_productive,
             )
-            print(_toml_safe(limits_toml(frame)), end="")
+            from treellm.analysis.rules import rules_by_tool
+
+            print(_toml_safe(limits_toml(frame, rules=rules_by_tool(con, _filters(args)))), end="")
             return 0
         from treellm.analysis.report import tune
 

@@ -28,9 +28,11 @@ The limits file is the TOML that ``treellm tune`` writes::
     classifier = "shell"       # shell | editor | none (default: shell for treellm.shell's shell tools)
     read_only = ['^python (reproduce|test)_\\w+\\.py$']  # commands that change nothing
 
-``read_only`` lists regexes (``re.search``) on a shell tool's command (other tools: the
-canonical arguments): a matching call is never a state change, whatever the
-classifier says (``mutates = true`` still wins). ``treellm tune`` proposes them.
+``read_only`` lists regexes (``re.search``) on each unknown program of a shell tool's
+command (its words joined by spaces, such as ``python reproduce.py``): when every
+unknown program of a command matches, the command changes only what it is known to
+write (a heredoc into a file still writes that file); ``mutates = true`` still wins.
+``treellm tune`` proposes them from data.
 ``mutates_when`` is one ``{argument, matches}`` table or a list of them: a
 successful call whose argument ``argument`` (its text; other values as JSON;
 no ``argument``: the whole canonical arguments) matches the regex ``matches``
@@ -145,7 +147,7 @@ class ToolLimits:
     error_when: tuple[str, ...] | None = None
     """Regexes on the result text that mark a call failed; they replace the defaults."""
     read_only: tuple[str, ...] | None = None
-    """Regexes on the command (or canonical arguments) of calls that never change state."""
+    """Regexes on the unknown programs of a shell command (``python reproduce.py``) that change nothing."""
     timeout_s: float | None = None
     """Seconds one call of the tool may run (``inf``: no timeout)."""
 

@@ -53,7 +53,7 @@ from treellm.shell import DEFAULT_SHELL_TOOLS, CommandTargets, command_targets, 
 from treellm.signature import parse_arguments
 from treellm.store.engine import StoreConnection, as_connection
 
-__all__ = ["REPEAT_COLUMNS", "CallFacts", "judge_repeat", "repeats"]
+__all__ = ["REPEAT_COLUMNS", "CallFacts", "judge_repeat", "load_calls", "repeats"]
 
 REPEAT_COLUMNS = [
     "trace_id", "span_id", "run_id", "node_id", "tool", "call_id", "ordinal", "identical_ordinal", "counted",
@@ -256,11 +256,18 @@ def _by_run(rows: Iterable[tuple[Any, ...]]) -> dict[str, list[tuple[Any, ...]]]
     return out
 
 
+def load_calls(con: StoreConnection, filters: Filters | None = None) -> list[tuple[Any, ...]]:
+    """The executed calls of the runs that hold an identical repeat, in run and time order:
+    (trace_id, span_id, run_id, node_id, parent_id, tool, signature, ordinal, status,
+    result_hash, arguments, call_id)."""
+    where, params = (filters or Filters()).where("c")
+    return _rows(as_connection(con), _SQL.format(where=where), params)
+
+
 def repeats(con: StoreConnection, filters: Filters | None = None) -> pd.DataFrame:
     """One row per identical repeat (``REPEAT_COLUMNS``), in run and time order."""
-    where, params = (filters or Filters()).where("c")
     engine = as_connection(con)
-    rows = _rows(engine, _SQL.format(where=where), params)
+    rows = load_calls(con, filters)
     if not rows:
         return pd.DataFrame([], columns=REPEAT_COLUMNS)
     run_ids = sorted({r[2] for r in rows})

@@ -9,6 +9,7 @@ from treellm.analysis.filters import Filters
 from treellm.analysis.metrics import prune_rate_by_tool, repeat_outcome_by_tool, totals
 from treellm.analysis.near import near_repeats_by_tool
 from treellm.analysis.repeats import repeats as identical_repeats
+from treellm.analysis.rules import rules_by_tool
 from treellm.analysis.tuning import DEFAULT_MIN_PRODUCTIVE, DEFAULT_MIN_SAMPLES, DEFAULT_TOLERANCE, tuning_by_tool
 from treellm.store.engine import StoreConnection
 
@@ -70,9 +71,21 @@ def tune(
 ) -> dict[str, Any]:
     """``{"tools": [...]}``: per tool the current and recommended ``max_repeats``, verdict,
     samples, productive rate, whether a limit was observed, the branches the limit would end,
-    the calls that drive a raise (with deep links) and the reason."""
+    the calls that drive a raise (with deep links), the reason, and for shell tools the
+    ``read_only`` rules that would let the limit see the wasted repeats the state-change
+    rule hides (``rules``: pattern, hidden and newly seen wasted repeats, productive ones it
+    would prune, whether it is advised; ``analysis.rules``)."""
     frame = tuning_by_tool(con, filters, tolerance=tolerance, min_samples=min_samples, min_productive=min_productive)
     rows: list[Any] = list(frame.itertuples(index=False))
+    advice = rules_by_tool(con, filters)
+    rules: dict[str, list[dict[str, Any]]] = {}
+    rule: Any
+    for rule in advice.itertuples(index=False):
+        rules.setdefault(str(rule.tool), []).append(
+            {"read_only": rule.read_only, "hidden_wasted": int(rule.hidden_wasted),
+             "wasted_seen": int(rule.wasted_seen), "productive_pruned": int(rule.productive_pruned),
+             "advised": bool(rule.advised), "examples": list(rule.examples)}
+        )  # fmt: skip
     tools = [
         {"tool": row.tool, "current_max_repeats": int(row.current_max_repeats),
          "recommended_max_repeats": int(row.recommended_max_repeats), "verdict": row.verdict,
@@ -81,7 +94,7 @@ def tune(
          "calls_saved": int(row.calls_saved), "tokens_saved_est": int(row.tokens_saved_est),
          "mutating_tool": row.mutating_tool, "observed_limit": bool(row.observed_limit),
          "branches_ended": int(row.branches_ended), "unknown_outcomes": int(row.unknown),
-         "evidence": list(row.evidence), "reason": row.reason}
+         "evidence": list(row.evidence), "reason": row.reason, "rules": rules.get(str(row.tool), [])}
         for row in rows
     ]  # fmt: skip
     return {"tools": tools}

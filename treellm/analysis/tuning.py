@@ -412,9 +412,15 @@ def _verdict(
     return "lower", f"{share}; repeats past {recommended} are wasted, limit {current} lets them run", None
 
 
-def limits_toml(tuning: pd.DataFrame, *, default_max_repeats: int | None = None) -> str:
-    """The TOML limits file (``TreeConfig.from_file`` / ``treellm run --limits``) of a tuning."""
+def limits_toml(
+    tuning: pd.DataFrame, *, default_max_repeats: int | None = None, rules: pd.DataFrame | None = None
+) -> str:
+    """The TOML limits file (``TreeConfig.from_file`` / ``treellm run --limits``) of a tuning,
+    with the advised ``read_only`` rules of ``rules`` (``analysis.rules.rules_by_tool``)."""
     tools: dict[str, dict[str, Any]] = {}
+    if rules is not None and len(rules):
+        for tool, group in rules[rules["advised"]].groupby("tool"):
+            tools.setdefault(str(tool), {})["read_only"] = [str(p) for p in group["read_only"]]
     row: Any
     for row in tuning.itertuples(index=False):
         if row.verdict in ("keep", "raise", "lower"):

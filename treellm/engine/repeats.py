@@ -9,15 +9,18 @@ analysis of stored calls, so the three count, fail and answer alike.
   shell classifier for shell tools (``treellm.shell.command_targets`` of the
   command: ``write`` and ``unknown`` both count as writing; a call whose command
   cannot be found counts as ``unknown``), or the editor classifier (a
-  ``command`` other than ``view``). A ``read_only`` pattern that matches the
-  command (other tools: the canonical arguments) makes a call no state change.
+  ``command`` other than ``view``). ``read_only`` patterns are matched against each
+  unknown program of a shell command (its words joined by spaces, such as
+  ``python reproduce.py``): when every one matches, the command changes only
+  what it is known to write.
 - **targets** (:func:`call_targets`): what a call reads and what its state
   change writes, ``None`` where that cannot be known. Shell commands: the
   paths the parser names. Other tools: a path argument (:data:`PATH_ARGUMENTS`)
   is read, and written when the call changes state. A state change restarts
-  the counts of the calls on its path that read what it wrote, and of calls
-  whose reads are unknown; a write to unknown targets restarts every count;
-  its own signature keeps counting (:meth:`treellm.loop.PathSignatures.extend`,
+  the counts of the calls on its path that read what it wrote (or write it: a
+  restore after an edit does new work), and of calls whose reads are unknown;
+  a write to unknown targets restarts every count; its own signature keeps
+  counting (:meth:`treellm.loop.PathSignatures.extend`,
   :meth:`RepeatPolicy.extend`).
 - **failed call**: the tool raised, its span status is ERROR, or its result
   text matches one of the rule's ``error_when`` regexes (``re.search``);
@@ -129,8 +132,8 @@ class ToolRule:
     ``"editor"`` for :data:`DEFAULT_EDITOR_TOOLS`). ``error_when``: regexes on the
     result text that mark a call failed; ``None`` means
     :data:`DEFAULT_ERROR_WHEN`, ``()`` means the text never marks a failure.
-    ``read_only``: regexes on the command (other tools: the canonical arguments)
-    of calls that never change state. Invalid values raise ``ConfigError``.
+    ``read_only``: regexes on each unknown program of a shell command (``python
+    reproduce.py``) that changes nothing. Invalid values raise ``ConfigError``.
     """
 
     mutates: bool = False
@@ -215,8 +218,8 @@ def _pattern_matches(pattern: ArgumentPattern, arguments: object) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class CallTargets:
-    """What one call reads and, when it succeeds, whether it changes state and what it writes
-    (``None``: cannot be known)."""
+    """What one call reads (for a call that writes, what it writes too) and, when it succeeds,
+    whether it changes state and what it writes (``None``: cannot be known)."""
 
     reads: Paths
     writes: Paths
@@ -253,7 +256,18 @@ def _read_only(rule: ToolRule, text: str) -> bool:
 
 def call_targets(rule: ToolRule, tool: str, arguments: object) -> CallTargets:
     """The targets of a call of ``tool`` with ``arguments`` (JSON text, bytes or the parsed
-    value; see the module docstring). Never raises on the call's data."""
+    value; see the module docstring). Never raises on the call's data.
+
+    ``reads`` of a call that changes state also holds what it writes: a write between two
+    identical writes to the same file (an edit between two restores ``cp x.bak x``) makes
+    the second one new work, so it restarts their count too."""
+    found = _call_targets(rule, tool, arguments)
+    if not found.changes_state or found.reads is None:
+        return found
+    return CallTargets(None if found.writes is None else found.reads | found.writes, found.writes, True)
+
+
+def _call_targets(rule: ToolRule, tool: str, arguments: object) -> CallTargets:
     value = parse_arguments(arguments)
     explicit = _explicitly_mutates(rule, value)
     classifier = _classifier(rule, tool)
@@ -262,8 +276,9 @@ def call_targets(rule: ToolRule, tool: str, arguments: object) -> CallTargets:
         if command is None:
             return CallTargets(None, None, True)
         found = _shell(command)
-        if _read_only(rule, command) and not explicit:
-            return CallTargets(found.known_reads, frozenset(), False)
+        if found.programs and not explicit and all(_read_only(rule, " ".join(p)) for p in found.programs):
+            # every unknown program is read-only by the rule: what is left are the known writes
+            return CallTargets(found.known_reads, found.writes, bool(found.writes))
         if found.effect == "read" and not explicit:
             return CallTargets(found.known_reads, frozenset(), False)
         return CallTargets(found.known_reads, found.known_writes if found.effect != "read" else None, True)
