@@ -231,7 +231,8 @@ def _query(src: Source, stamp: ex.DataVersion, name: str, filters: Filters, extr
         if name == "tuning":
             return analysis.tuning_by_tool(con, filters, tolerance=extra[0])
         if name == "limits_toml":
-            return analysis.limits_toml(analysis.tuning_by_tool(con, filters, tolerance=extra[0]))
+            tuning = analysis.tuning_by_tool(con, filters, tolerance=extra[0])
+            return analysis.limits_toml(tuning, rules=analysis.rules_by_tool(con, filters))
         if name == "what_if":
             return analysis.what_if_by_tool_limit(con, Filters(filters.since, filters.until, filters.service,
                                                                 filters.agent, filters.model, extra[0]))  # fmt: skip

@@ -38,12 +38,16 @@ with data.show_problems():
     else:
         near = near.assign(examples=near["examples"].map("\n".join))
         st.dataframe(near, hide_index=True, width="stretch")
-    st.subheader("Every repeat, judged")
-    st.caption("One row per executed repeat: its outcome (productive, wasted, unknown) and why. The link opens "
-               "the call in the run explorer.")  # fmt: skip
+    st.subheader("Identical calls beside counted ones")
+    st.caption("Identical repeats: every call identical to an earlier call on its path, whatever ran between. "
+               "Counted: those the limit's state-change rule counts.")  # fmt: skip
+    st.dataframe(data.query("identical_repeats_by_tool", filters), hide_index=True, width="stretch")
+    st.subheader("Every identical call, judged")
+    st.caption("One row per identical repeat: whether the limit counts it, its outcome (productive, wasted, "
+               "unknown) judged by the evidence, and why. The link opens the call in the run explorer.")  # fmt: skip
     calls = data.query("repeats", filters)
     if calls.empty:
-        st.info("No executed repeat in this selection.")
+        st.info("No identical repeat in this selection.")
     else:
         st.dataframe(data.with_links(calls), hide_index=True, width="stretch",
                      column_config=data.LINK_COLUMNS)  # fmt: skip

@@ -30,5 +30,14 @@ with data.show_problems():
     table = data.query("what_if", filters, tool)
     st.plotly_chart(charts.what_if_chart(table, tool), width="stretch")
     st.dataframe(table[table["tool"] == tool], hide_index=True, width="stretch")
+    st.subheader("Rules that would let the limit see wasted repeats")
+    st.caption("Programs whose effect is unknown restart every count. Each row is a read_only pattern for such "
+               "programs: the wasted repeats they hid, those the limit would then see, and the productive ones it "
+               "would prune. Advised rules go into limits.toml.")  # fmt: skip
+    rules = data.query("rules_by_tool", filters)
+    if rules.empty:
+        st.info("No wasted repeat is hidden by an unknown program in this selection.")
+    else:
+        st.dataframe(rules.assign(examples=rules["examples"].map("\n".join)), hide_index=True, width="stretch")
     st.download_button("Download limits.toml", data.query("limits_toml", filters, tolerance), file_name="limits.toml",
                        mime="application/toml")  # fmt: skip

@@ -29,8 +29,9 @@ from treellm.analysis.near import (
     near_repeats,
     near_repeats_by_tool,
 )
-from treellm.analysis.repeats import repeats
+from treellm.analysis.repeats import identical_repeats_by_tool, repeats
 from treellm.analysis.report import report, tune
+from treellm.analysis.rules import rules_by_tool
 from treellm.analysis.tuning import limits_toml, tuning_by_tool, what_if_by_tool_limit, wilson_interval
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "classify_commands",
     "classify_pair",
     "cost_by_tool",
+    "identical_repeats_by_tool",
     "limits_toml",
     "near_repeat_pairs",
     "near_repeats",
@@ -48,6 +50,7 @@ __all__ = [
     "repeat_samples",
     "repeats",
     "report",
+    "rules_by_tool",
     "runs_by_day",
     "shape_by_run",
     "shape_distribution",

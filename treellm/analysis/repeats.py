@@ -53,7 +53,7 @@ from treellm.shell import DEFAULT_SHELL_TOOLS, CommandTargets, command_targets, 
 from treellm.signature import parse_arguments
 from treellm.store.engine import StoreConnection, as_connection
 
-__all__ = ["REPEAT_COLUMNS", "CallFacts", "judge_repeat", "load_calls", "repeats"]
+__all__ = ["REPEAT_COLUMNS", "CallFacts", "identical_repeats_by_tool", "judge_repeat", "load_calls", "repeats"]
 
 REPEAT_COLUMNS = [
     "trace_id", "span_id", "run_id", "node_id", "tool", "call_id", "ordinal", "identical_ordinal", "counted",
@@ -314,3 +314,28 @@ def _run_repeats(calls: list[tuple[Any, ...]], parents: dict[str, str | None]) -
         created.extend(p for p in writes if not any(_same_file(p, s) for s in seen_paths))
         seen_paths.extend(reads | writes)
     return out
+
+
+IDENTICAL_COLUMNS = [
+    "tool", "identical_repeats", "identical_productive", "identical_wasted", "identical_unknown", "counted",
+    "counted_wasted",
+]  # fmt: skip
+
+
+def identical_repeats_by_tool(
+    con: StoreConnection, filters: Filters | None = None, *, every: pd.DataFrame | None = None
+) -> pd.DataFrame:
+    """Per tool (``IDENTICAL_COLUMNS``): every identical repeat and its outcomes beside those
+    the limit's rule counts (``every``: a :func:`repeats` frame already at hand)."""
+    frame = every if every is not None else repeats(con, filters)
+    if frame.empty:
+        return pd.DataFrame([], columns=IDENTICAL_COLUMNS)
+    counted = frame["counted"].astype(bool)
+    wasted = frame["outcome"] == "wasted"
+    grouped = frame.assign(
+        productive=frame["outcome"] == "productive", wasted=wasted, unknown=frame["outcome"] == "unknown",
+        counted=counted, counted_wasted=counted & wasted, n=1,
+    ).groupby("tool", sort=True)  # fmt: skip
+    out = grouped[["n", "productive", "wasted", "unknown", "counted", "counted_wasted"]].sum().reset_index()
+    out.columns = IDENTICAL_COLUMNS
+    return out.astype({c: int for c in IDENTICAL_COLUMNS[1:]})

@@ -8,6 +8,7 @@ from typing import Any
 from treellm.analysis.filters import Filters
 from treellm.analysis.metrics import prune_rate_by_tool, repeat_outcome_by_tool, totals
 from treellm.analysis.near import near_repeats_by_tool
+from treellm.analysis.repeats import identical_repeats_by_tool
 from treellm.analysis.repeats import repeats as identical_repeats
 from treellm.analysis.rules import rules_by_tool
 from treellm.analysis.tuning import DEFAULT_MIN_PRODUCTIVE, DEFAULT_MIN_SAMPLES, DEFAULT_TOLERANCE, tuning_by_tool
@@ -34,7 +35,7 @@ def report(con: StoreConnection, filters: Filters | None = None) -> dict[str, An
     )
     near: dict[Any, dict[Any, Any]] = near_repeats_by_tool(con, f).set_index("tool").to_dict("index")
     every = identical_repeats(con, f)
-    identical = every.groupby("tool")["outcome"].value_counts().unstack(fill_value=0) if len(every) else None
+    identical = identical_repeats_by_tool(con, f, every=every).set_index("tool").to_dict("index")
     none = {"repeats": 0, "productive": 0, "wasted": 0, "unknown": 0}
     tools = []
     for tool, r in rates.items():
@@ -44,21 +45,13 @@ def report(con: StoreConnection, filters: Filters | None = None) -> dict[str, An
              "prune_rate": round(float(r["prune_rate"]), 4), "exact_repeats": int(rep["repeats"]),
              "productive_repeats": int(rep["productive"]), "wasted_repeats": int(rep["wasted"]),
              "unknown_repeats": int(rep["unknown"]),
-             "identical_repeats": _count(identical, tool),
-             "identical_productive": _count(identical, tool, "productive"),
-             "identical_wasted": _count(identical, tool, "wasted"),
+             **{k: int(identical.get(tool, {}).get(k, 0))
+                for k in ("identical_repeats", "identical_productive", "identical_wasted")},
              "near_repeats": int(near.get(tool, {}).get("near_repeats", 0))}
         )  # fmt: skip
     out["tools"] = tools
     out["identical_repeats"] = len(every)
     return out
-
-
-def _count(table: Any, tool: Any, outcome: str | None = None) -> int:
-    if table is None or tool not in table.index:
-        return 0
-    row = table.loc[tool]
-    return int(row.sum() if outcome is None else row.get(outcome, 0))
 
 
 def tune(
