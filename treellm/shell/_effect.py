@@ -450,11 +450,20 @@ def _text(node: Node) -> str:
     return (node.text or b"").decode("utf-8", "replace")
 
 
+# Words that shlex.split would return unchanged (no whitespace, quote or backslash), or
+# whole '...' / "..." (no backslash or inner quote) that it would only unquote: most words,
+# read here without shlex's character-by-character lexer (about 7 us a word).
+_SHLEX_PLAIN: Final = re.compile(r"[^ \t\r\n'\"\\]+|'([^']*)'|\"([^\"\\]*)\"")
+
+
 def _word(node: Node) -> _Word:
     source = _text(node)
     dynamic = node.type in _EXPANSIONS or (
         node.type == "concatenation" and any(c.type in _EXPANSIONS for c in node.children)
     )
+    plain = _SHLEX_PLAIN.fullmatch(source)
+    if plain is not None:
+        return _Word(source if plain.lastindex is None else plain[plain.lastindex], dynamic)
     try:
         parts = shlex.split(source)
     except ValueError:
@@ -487,12 +496,19 @@ def _words_effect(words: tuple[_Word, ...] | None) -> ShellEffect:
     return effect
 
 
+_NO_FILE: Final = frozenset({"<", "<&", "<&-", ">&-"})
+
+
 def _redirect_effect(node: Node) -> ShellEffect:
     operator = next((c.type for c in node.children if not c.is_named), "")
     destination = node.child_by_field_name("destination")
-    if operator in {"<", "<&", "<&-", ">&-"} or destination is None:
+    if operator in _NO_FILE or destination is None:
         return "read"
-    target = _word(destination)
+    return _destination_effect(operator, destination, _word(destination))
+
+
+def _destination_effect(operator: str, destination: Node, target: _Word) -> ShellEffect:
+    """The effect of a redirection whose operator is not in ``_NO_FILE``, given its target."""
     if operator in {">&", "<&"} and (destination.type == "number" or target.text in {"-", "1", "2"}):
         return "read"  # 2>&1: a duplication, no file
     if target.text in _HARMLESS_FILES or target.text.startswith("/dev/fd/"):

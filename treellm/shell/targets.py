@@ -39,15 +39,16 @@ from typing import Final
 from tree_sitter import Node
 
 from treellm.shell._effect import (
+    _EXPANSIONS,
+    _FIXED,
+    _NO_FILE,
     ShellEffect,
-    _command_words,
     _count_option,
+    _destination_effect,
     _fallback_effect,
     _parse,
-    _redirect_effect,
+    _rule_for,
     _word,
-    _words_effect,
-    _worst,
 )
 
 __all__ = ["CommandTargets", "command_targets", "paths_overlap"]
@@ -104,8 +105,13 @@ def _normal(path: str, cwd: str | None) -> str | None:
     if not path.startswith(("/", "~")):
         if cwd is None:
             return None
-        path = posixpath.join(cwd, path) if cwd else path
+        path = _join(cwd, path) if cwd else path
     return posixpath.normpath(path)
+
+
+def _join(directory: str, relative: str) -> str:
+    """``posixpath.join`` of a non-empty directory and a relative path, without its checks."""
+    return directory + relative if directory.endswith("/") else f"{directory}/{relative}"
 
 
 def _parts(path: str) -> tuple[bool, tuple[str, ...]]:
@@ -146,13 +152,13 @@ def _operands(args: Sequence[str], with_value: frozenset[str] = _NOTHING) -> lis
         if skip:
             skip = False
         elif arg == "--":
-            out.extend(args[i + 1 :])
+            out.extend(a for a in args[i + 1 :] if a != "-")
             break
         elif arg in with_value:
             skip = True
-        elif not arg.startswith("-") or arg == "-":
+        elif not arg.startswith("-"):  # "-" (stdin) is no operand either
             out.append(arg)
-    return [a for a in out if a != "-"]
+    return out
 
 
 _Found = tuple[Sequence[str] | None, Sequence[str] | None]
@@ -184,35 +190,52 @@ _RG_VALUE: Final = frozenset(
 )  # fmt: skip
 _PATCH_TARGET: Final = re.compile(r"^\+\+\+ (\S+)", re.MULTILINE)
 _SWE_READ: Final = frozenset({"open", "search_file", "search_dir", "find_file", "filemap"})
+_SWE_PROGRAMS: Final = _SWE_READ | {"str_replace_editor", "create"}
+
+
+_GREP_PATTERN: Final = frozenset({"-e", "-f", "--regexp", "--file"})
+_SED_SCRIPT: Final = frozenset({"-e", "-f", "--expression", "--file"})
+_SED_VALUE: Final = _SED_SCRIPT | {"-l"}
+_AWK_VALUE: Final = frozenset({"-F", "-v", "-f", "--field-separator", "--assign", "--file"})
+# grep and sed run in most real commands: plain loops, cheaper than any(...) generators
 
 
 def _grep(program: str, args: Sequence[str]) -> _Found:
-    with_value = _GREP_VALUE if program in _GREP else _RG_VALUE
-    operands = _operands(args, with_value)
-    pattern_given = any(a in {"-e", "-f", "--regexp", "--file"} or a.startswith(("--regexp=", "-e")) for a in args)
+    operands = _operands(args, _GREP_VALUE if program in _GREP else _RG_VALUE)
+    pattern_given = False
+    for a in args:
+        if a in _GREP_PATTERN or a.startswith(("--regexp=", "-e")):
+            pattern_given = True
+            break
     files = operands if pattern_given else operands[1:]
     if files:
         return files, ()
-    recursive = program in _SEARCHERS or any(
-        a in {"-r", "-R", "--recursive"} or (a.startswith("-") and not a.startswith("--") and ("r" in a or "R" in a))
-        for a in args
-    )
+    recursive = program in _SEARCHERS
+    if not recursive:
+        for a in args:
+            if a == "--recursive" or (a.startswith("-") and not a.startswith("--") and ("r" in a or "R" in a)):
+                recursive = True
+                break
     return (["."] if recursive else []), ()
 
 
 def _sed(args: Sequence[str]) -> _Found:
-    scripted = any(a in {"-e", "-f", "--expression", "--file"} for a in args)
-    operands = _operands(args, frozenset({"-e", "-f", "-l", "--expression", "--file"}))
+    scripted = in_place = False
+    for a in args:
+        if a in _SED_SCRIPT:
+            scripted = True
+        elif a.startswith("--"):
+            in_place = in_place or a == "--in-place" or a.startswith("--in-place=")
+        elif a.startswith("-") and "i" in a[1:].split(".", 1)[0]:
+            in_place = True
+    operands = _operands(args, _SED_VALUE)
     files = operands if scripted else operands[1:]
-    in_place = any(a == "--in-place" or a.startswith("--in-place=") for a in args) or any(
-        a.startswith("-") and not a.startswith("--") and "i" in a[1:].split(".", 1)[0] for a in args
-    )
     return (files, files) if in_place else (files, ())
 
 
 def _awk(args: Sequence[str]) -> _Found:
     from_file = any(a == "-f" or a.startswith("--file") for a in args)
-    operands = _operands(args, frozenset({"-F", "-v", "-f", "--field-separator", "--assign", "--file"}))
+    operands = _operands(args, _AWK_VALUE)
     files = [a for a in (operands if from_file else operands[1:]) if "=" not in a]
     return files, ()
 
@@ -229,10 +252,12 @@ def _find(args: Sequence[str], effect: ShellEffect) -> _Found:
     return (starts, starts) if "-delete" in args and "-exec" not in args else (None, None)
 
 
+_COPY_VALUE: Final = frozenset({"-t", "-S", "--target-directory", "--suffix", "-o", "-g", "-m"})
+
+
 def _copy(program: str, args: Sequence[str]) -> _Found:
-    with_value = frozenset({"-t", "-S", "--target-directory", "--suffix", "-o", "-g", "-m"})
     target = next((args[i + 1] for i, a in enumerate(args[:-1]) if a in {"-t", "--target-directory"}), None)
-    operands = _operands(args, with_value)
+    operands = _operands(args, _COPY_VALUE)
     if target is None:
         if len(operands) < 2:
             return None, None
@@ -253,7 +278,7 @@ def _patch_targets(body: str | None) -> list[str] | None:
     return found or None
 
 
-def _git(args: Sequence[str], body: str | None) -> _Found:
+def _git(args: Sequence[str], node: Node) -> _Found:
     i = 0
     while i < len(args) and args[i].startswith("-"):
         i += 2 if args[i] in {"-C", "-c", "--git-dir", "--work-tree"} else 1
@@ -271,7 +296,7 @@ def _git(args: Sequence[str], body: str | None) -> _Found:
     if sub == "apply":
         if any(a in {"--check", "--stat", "--numstat", "--summary"} for a in rest):
             return None, _NOTHING_SEQ
-        return None, _patch_targets(body)
+        return None, _patch_targets(_heredoc_body(node))
     if sub in {"diff", "log", "show", "blame", "status"} and "--" in rest:
         return rest[rest.index("--") + 1 :], _NOTHING_SEQ
     return None, _NOTHING_SEQ
@@ -298,10 +323,20 @@ def _swe_agent(program: str, args: Sequence[str]) -> _Found:
     return None, ()
 
 
-def _program_targets(argv: Sequence[str], effect: ShellEffect, body: str | None) -> _Found:
-    """(read, written) paths of one simple command as written; None: cannot be known."""
-    program = posixpath.basename(argv[0]) if "/" in argv[0] and not argv[0].startswith(".") else argv[0]
-    args = argv[1:]
+_JQ_VALUE: Final = frozenset({"--arg", "--argjson", "-f"})
+_SORT_VALUE: Final = frozenset({"-o", "--output", "-k", "-t", "-S"})
+_UNIQ_VALUE: Final = frozenset({"-f", "-s", "-w"})
+_REMOVER_VALUE: Final = frozenset({"-m", "-s", "--mode", "--size"})
+_MODE_VALUE: Final = frozenset({"--reference"})
+_LN_VALUE: Final = frozenset({"-t", "-S"})
+_PATCH_VALUE: Final = frozenset({"-i", "-p", "-d", "-o", "-r", "-B", "-D", "-F", "-z", "-V"})
+
+
+def _program_targets(program: str, args: Sequence[str], effect: ShellEffect, node: Node) -> _Found:
+    """(read, written) paths of one simple command as written; None: cannot be known.
+
+    ``program`` is the program's name (``/usr/bin/grep`` is ``grep``), ``node`` the command
+    node, for the heredoc a patch is fed (looked up only then)."""
     if program in _PURE:
         return (), ()
     if program in _READ_FILES:
@@ -320,34 +355,34 @@ def _program_targets(argv: Sequence[str], effect: ShellEffect, body: str | None)
     if program == "find":
         return _find(args, effect)
     if program == "jq":
-        return _operands(args, frozenset({"--arg", "--argjson", "-f"}))[1:], ()
+        return _operands(args, _JQ_VALUE)[1:], ()
     if program == "sort":
         out = [a[2:] or "" for a in args if a.startswith("-o")] + [
             args[i + 1] for i, a in enumerate(args[:-1]) if a in {"-o", "--output"}
         ]
-        return _operands(args, frozenset({"-o", "--output", "-k", "-t", "-S"})), [o for o in out if o]
+        return _operands(args, _SORT_VALUE), [o for o in out if o]
     if program == "uniq":
-        operands = _operands(args, frozenset({"-f", "-s", "-w"}))
+        operands = _operands(args, _UNIQ_VALUE)
         return operands[:1], operands[1:2]
     if program == "tee":
         return (), _operands(args)
     if program in _REMOVERS:
-        return (), _operands(args, frozenset({"-m", "-s", "--mode", "--size"})) or None
+        return (), _operands(args, _REMOVER_VALUE) or None
     if program in _MODE_FIRST:
-        return (), _operands(args, frozenset({"--reference"}))[1:] or None
+        return (), _operands(args, _MODE_VALUE)[1:] or None
     if program in {"cp", "mv", "install"}:
         return _copy(program, args)
     if program == "ln":
-        operands = _operands(args, frozenset({"-t", "-S"}))
+        operands = _operands(args, _LN_VALUE)
         return (), operands[-1:] or None
     if program == "dd":
         return [a[3:] for a in args if a.startswith("if=")], [a[3:] for a in args if a.startswith("of=")]
     if program == "patch":
-        operands = _operands(args, frozenset({"-i", "-p", "-d", "-o", "-r", "-B", "-D", "-F", "-z", "-V"}))
-        return None, (operands[:1] or _patch_targets(body))
+        operands = _operands(args, _PATCH_VALUE)
+        return None, (operands[:1] or _patch_targets(_heredoc_body(node)))
     if program == "git":
-        return _git(args, body)
-    if program in {"str_replace_editor", "create"} | _SWE_READ:
+        return _git(args, node)
+    if program in _SWE_PROGRAMS:
         return _swe_agent(program, args)
     if effect == "read":
         return None, ()
@@ -368,12 +403,17 @@ def _heredoc_body(node: Node) -> str | None:
     return None
 
 
+_DEVICES: Final = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty"})
+
+
 def _resolved(paths: Sequence[str] | None, cwd: str | None) -> Paths:
     if paths is None:
         return None
+    if not paths:
+        return _NOTHING
     out = []
     for path in paths:
-        if path in {"/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty"} or path.startswith("/dev/fd/"):
+        if path in _DEVICES or path.startswith("/dev/fd/"):
             continue
         placed = _normal(path, cwd)
         if placed is None:
@@ -382,68 +422,96 @@ def _resolved(paths: Sequence[str] | None, cwd: str | None) -> Paths:
     return frozenset(out)
 
 
-def _in_order(root: Node) -> list[Node]:
-    """Commands and file redirections in text order (a pre-order walk)."""
-    out: list[Node] = []
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if node.type in {"command", "file_redirect"}:
-            out.append(node)
-        stack.extend(reversed(node.children))
-    out.sort(key=lambda n: n.start_byte)
-    return out
-
-
-def _cd(words: Sequence[str], cwd: str | None) -> str | None:
-    if len(words) != 2 or words[1] in {"-", "~"} or words[1].startswith("~"):
+def _cd(args: Sequence[str], cwd: str | None) -> str | None:
+    """The working directory after ``cd ARGS``; None when it cannot be known."""
+    if len(args) != 1 or args[0].startswith("~") or args[0] == "-":
         return None
-    if words[1].startswith("/"):
-        return posixpath.normpath(words[1])
-    return None if cwd is None else posixpath.normpath(posixpath.join(cwd, words[1])) if cwd else words[1]
+    target = args[0]
+    if target.startswith("/"):
+        return posixpath.normpath(target)
+    return None if cwd is None else posixpath.normpath(_join(cwd, target)) if cwd else target
 
 
-def _command_part(node: Node, cwd: str | None) -> tuple[ShellEffect, Paths, Paths, str | None, tuple[str, ...] | None]:
-    """(effect, reads, writes, the working directory after it, the words of an unknown
-    program) of one command node."""
-    words = _command_words(node)
-    if words is None:
-        return "read", _NOTHING, _NOTHING, cwd, None
-    argv = [w.text for w in words]
-    if words[0].dynamic:
-        return "unknown", None, None, cwd, tuple(argv)
-    if argv[0] in {"cd", "pushd"}:
-        return "read", _NOTHING, _NOTHING, None if any(w.dynamic for w in words) else _cd(argv, cwd), None
-    effect = _words_effect(words)
-    if argv[0] in {"bash", "sh"} and "-c" in argv[1:-1]:
-        inner = command_targets(argv[argv.index("-c", 1) + 1])
-        return inner.effect, inner.known_reads, inner.known_writes, cwd, None
+def _dynamic(node: Node) -> bool:
+    """``_word(node).dynamic`` without unquoting the text."""
+    kind = node.type
+    return kind in _EXPANSIONS or (kind == "concatenation" and any(c.type in _EXPANSIONS for c in node.children))
+
+
+_Part = tuple[ShellEffect, Paths, Paths]
+_READ_NOTHING: Final[_Part] = ("read", _NOTHING, _NOTHING)
+_READ_UNKNOWN: Final[_Part] = ("read", None, _NOTHING)
+_UNKNOWN_ALL: Final[_Part] = ("unknown", None, None)
+_SHELLS: Final = frozenset({"bash", "sh"})
+_CHDIR: Final = frozenset({"cd", "pushd"})
+# Programs whose effect is read whatever the arguments and which touch no file: their
+# arguments need not be unquoted (only whether one is an expansion matters).
+_PURE_READ: Final = frozenset(p for p in _PURE if _rule_for(p) in _FIXED and _rule_for(p)(()) == "read")
+
+
+def _command_part(node: Node, cwd: str | None, programs: list[tuple[str, ...]]) -> tuple[_Part, str | None]:
+    """(effect, reads, writes) of one command node and the working directory after it;
+    the words of an unknown program are appended to ``programs``.
+
+    The effect is ``_words_effect``'s, computed here from the words already unquoted."""
+    name = node.child_by_field_name("name")
+    if name is None:
+        return _READ_NOTHING, cwd  # only assignments
+    first = _word(name)
+    arguments = node.children_by_field_name("argument")
+    program = first.text
+    if first.dynamic:
+        programs.append((program, *[_word(a).text for a in arguments]))
+        return _UNKNOWN_ALL, cwd
+    base = posixpath.basename(program) if "/" in program and not program.startswith(".") else program
+    if base in _PURE_READ:
+        for argument in arguments:
+            if _dynamic(argument):
+                return _READ_UNKNOWN, cwd
+        return _READ_NOTHING, cwd
+    words = [_word(a) for a in arguments]
+    args = [w.text for w in words]
+    dynamic = False
+    for w in words:
+        if w.dynamic:
+            dynamic = True
+            break
+    if program in _CHDIR:
+        return _READ_NOTHING, None if dynamic else _cd(args, cwd)
+    rule = _rule_for(program)
+    effect = rule(tuple(args))
+    if effect == "read" and dynamic and rule not in _FIXED:
+        effect = "unknown"
+    if program in _SHELLS and "-c" in args[:-1]:
+        inner = command_targets(args[args.index("-c") + 1])
+        return (inner.effect, inner.known_reads, inner.known_writes), cwd
     if effect == "unknown":
-        return effect, None, None, cwd, tuple(argv)
-    reads, writes = _program_targets(argv, effect, _heredoc_body(node))
-    if any(w.dynamic for w in words[1:]):
-        reads, writes = None, (None if effect != "read" else writes)
+        programs.append((program, *args))
+        return _UNKNOWN_ALL, cwd
+    reads, writes = _program_targets(base, args, effect, node)
+    if dynamic:
+        reads = None
+        if effect != "read":
+            writes = None
     read_paths = _resolved(reads, cwd)
-    write_paths = _NOTHING if effect == "read" else _resolved(writes, cwd)
-    if effect == "write" and write_paths == _NOTHING:
-        write_paths = None  # a writer whose targets were not found: they cannot be known
-    return effect, read_paths, write_paths, cwd, None
+    if effect == "read":
+        return (effect, read_paths, _NOTHING), cwd
+    # a writer whose targets were not found: they cannot be known
+    return (effect, read_paths, _resolved(writes, cwd) or None), cwd
 
 
-def _redirect_part(node: Node, cwd: str | None) -> tuple[ShellEffect, Paths, Paths]:
-    effect = _redirect_effect(node)
-    destination = node.child_by_field_name("destination")
-    if destination is None:
-        return effect, _NOTHING, _NOTHING
-    word = _word(destination)
+def _redirect_part(node: Node, cwd: str | None) -> _Part:
     operator = next((c.type for c in node.children if not c.is_named), "")
-    if word.dynamic:
-        return effect, (None if operator == "<" else _NOTHING), (None if effect == "write" else _NOTHING)
-    if effect == "write":
-        return effect, _NOTHING, _resolved([word.text], cwd)
+    destination = node.child_by_field_name("destination")
+    if destination is None or (operator in _NO_FILE and operator != "<"):
+        return _READ_NOTHING
+    word = _word(destination)
     if operator == "<":
-        return effect, _resolved([word.text], cwd), _NOTHING
-    return effect, _NOTHING, _NOTHING
+        return _READ_UNKNOWN if word.dynamic else ("read", _resolved((word.text,), cwd), _NOTHING)
+    effect = _destination_effect(operator, destination, word)
+    if effect != "write":
+        return effect, _NOTHING, _NOTHING
+    return effect, _NOTHING, (None if word.dynamic else _resolved((word.text,), cwd))
 
 
 def command_targets(command: str) -> CommandTargets:
@@ -456,29 +524,34 @@ def command_targets(command: str) -> CommandTargets:
     if tree is None:
         effect = _fallback_effect(command)
         return CommandTargets(effect, _NOTHING, _NOTHING, True, effect != "read")
-    effects: list[ShellEffect] = []
-    reads: set[str] = set()
-    writes: set[str] = set()
+    worst: ShellEffect = "read"
+    reads = writes = _NOTHING
     reads_unknown = writes_unknown = False
     programs: list[tuple[str, ...]] = []
     cwd: str | None = ""
-    for node in _in_order(tree.root_node):
-        if node.type == "command":
-            effect, r, w, cwd, program = _command_part(node, cwd)
-            if program is not None:
-                programs.append(program)
-        else:
+    # commands and file redirections in text order: a pre-order walk, children pushed reversed
+    stack = [tree.root_node]
+    while stack:
+        node = stack.pop()
+        kind = node.type
+        if kind == "command":
+            (effect, r, w), cwd = _command_part(node, cwd, programs)
+        elif kind == "file_redirect":
             effect, r, w = _redirect_part(node, cwd)
-        effects.append(effect)
+        else:
+            stack.extend(node.children[::-1])
+            continue
+        stack.extend(node.children[::-1])
+        if effect == "write" or (effect == "unknown" and worst == "read"):
+            worst = effect  # the worst part: write > unknown > read
         if r is None:
             reads_unknown = True
-        else:
-            reads |= r
+        elif r:
+            reads = reads | r if reads else r
         if w is None:
             writes_unknown = True
-        else:
-            writes |= w
-    effect = _worst(effects)
-    if effect == "read":
-        return CommandTargets(effect, frozenset(reads), _NOTHING, reads_unknown, False)
-    return CommandTargets(effect, frozenset(reads), frozenset(writes), reads_unknown, writes_unknown, tuple(programs))
+        elif w:
+            writes = writes | w if writes else w
+    if worst == "read":
+        return CommandTargets(worst, reads, _NOTHING, reads_unknown, False)
+    return CommandTargets(worst, reads, writes, reads_unknown, writes_unknown, tuple(programs))
