@@ -135,6 +135,10 @@ def test_a_re_read_after_writes_to_other_files_counts_and_a_test_after_an_edit_d
     assert _guard_counts([test, edit, test], rule)[-1] == 0
     assert _guard_counts([read, test, read], rule)[-1] == 1
     assert _guard_counts([read, test, read])[-1] == 0  # by default an unknown program may write anything
+    # a package install changes the environment, not the file: the re-read counts, the test re-run does not
+    install = next(c for c in commands if c.startswith("pip install"))
+    assert _guard_counts([read, install, read])[-1] == 1
+    assert _guard_counts([test, install, test], rule)[-1] == 0
 
 
 def test_candidate_patterns_generalise_programs() -> None:

@@ -49,7 +49,7 @@ import pandas as pd
 from treellm.analysis.filters import Filters
 from treellm.analysis.metrics import CALLS_SQL
 from treellm.engine.repeats import CallTargets, ToolRule, call_targets
-from treellm.shell import DEFAULT_SHELL_TOOLS, CommandTargets, command_targets, command_text, paths_overlap
+from treellm.shell import DEFAULT_SHELL_TOOLS, ENVIRONMENT, CommandTargets, command_targets, command_text, paths_overlap
 from treellm.signature import parse_arguments
 from treellm.store.engine import StoreConnection, as_connection
 
@@ -76,9 +76,6 @@ _CHECKER: Final = re.compile(
     r"|ruff\s+check\b|sqlfluff\s+(?:lint|parse)\b|black\s+--check\b"
 )
 """Test runners and linters: programs that read the code and write none of it."""
-_INSTALL: Final = re.compile(
-    r"\b(?:pip3?|conda|mamba|npm|yarn|apt(?:-get)?|uv\s+pip)\s+install\b|setup\.py\s+(?:install|develop)"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,8 +151,6 @@ def _writes_of(call: CallFacts, bodies: dict[str, str]) -> tuple[frozenset[str],
                 return found.writes, False, False
             literals = frozenset(posixpath.normpath(p) for p in _PATH_LITERAL.findall(code))
             return found.writes | literals, not literals, not literals
-        if found.writes_unknown and _INSTALL.search(call.command):
-            return found.writes, False, False
         return found.writes, found.writes_unknown, False
     targets = call.targets
     if not targets.changes_state:
@@ -195,6 +190,7 @@ def judge_repeat(
         if other.failed:
             continue
         written, more, program = _writes_of(other, known)
+        written = written - {ENVIRONMENT}  # an install: the same result says it changed nothing here
         if more and (reads is None or not program or own):
             return "productive", f"same result, but `{_short(other.command or other.tool)}` may have written anything"
         if reads is None:

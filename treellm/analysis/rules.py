@@ -16,11 +16,12 @@ that hides nearly every wasted repeat (a re-read of a file nothing touched, afte
   ``treellm.engine.repeats.RepeatPolicy.extend``) and counts the wasted repeats it would
   let the limit count and the productive ones it would let the limit prune (its loss).
 
-Candidates are tried in order of how many hidden repeats they block, each added to the
-ones already advised: a candidate is ``advised`` when, with them, it lets the limit see
-at least one more wasted repeat (``wasted_seen``) and prunes no productive one
-(``productive_pruned``, over the whole set). ``limits_toml`` writes the advised ones as
-``read_only``.
+The advised set starts from every candidate that alone prunes no productive repeat;
+while the set together would prune one, the candidate whose removal costs the least is
+dropped. The set is advised when it lets the limit see at least one wasted repeat. Per
+candidate, ``wasted_seen`` is what it adds to the advised set (for one not advised: what
+it sees alone) and ``productive_pruned`` what it prunes alone. ``limits_toml`` writes the
+advised ones as ``read_only``.
 Needs captured arguments (the commands).
 """
 
@@ -47,6 +48,10 @@ RULE_COLUMNS = ["tool", "read_only", "hidden_wasted", "wasted_seen", "productive
 
 _SCRIPT: Final = re.compile(r"([A-Za-z]+)[\w.-]*\.py$")
 _PYTHON: Final = re.compile(r"python[0-9.]*$")
+_WRITES_WORD: Final = re.compile(
+    r"^(?:fix|format|write|apply|migrate|install|update|upgrade|edit|patch|init|--fix|--write|-w|--in-place|-i)$"
+)
+"""Arguments that say a program writes (``sqlfluff fix``, ``black --write``): never proposed read-only."""
 
 
 def candidate_pattern(program: tuple[str, ...]) -> str | None:
@@ -63,7 +68,7 @@ def candidate_pattern(program: tuple[str, ...]) -> str | None:
             if script is not None:
                 return rf"^python[0-9.]* (?:\S*/)?{re.escape(script[1])}\w*\.py\b"
         return None
-    if name in {"bash", "sh"}:
+    if name in {"bash", "sh"} or any(_WRITES_WORD.search(a) for a in program[1:]):
         return None
     sub = next((a for a in args if not a.startswith("-")), None)
     if sub is not None and re.fullmatch(r"[a-z][a-z-]*", sub):
@@ -123,18 +128,38 @@ def rules_by_tool(
                     shown = examples[(str(row.tool), pattern)]
                     if len(shown) < 3 and " ".join(program)[:120] not in shown:
                         shown.append(" ".join(program)[:120])
-    outcome = {(r.run_id, r.node_id): r.outcome for r in found.itertuples(index=False)}
+    outcome: dict[tuple[str, str], str] = {
+        (str(r.run_id), str(r.node_id)): str(r.outcome) for r in found.itertuples(index=False)
+    }
     out = []
     for tool, patterns in sorted(hidden.items()):
         base = _replay(calls, tool, ())
-        chosen: tuple[str, ...] = ()
-        seen: set[tuple[str, str]] = set()
+
+        def effect(chosen: tuple[str, ...], tool: str = tool, base: set[tuple[str, str]] = base) -> tuple[int, int]:
+            newly = _replay(calls, tool, chosen) - base
+            return (
+                sum(outcome.get(n) == "wasted" for n in newly),
+                sum(outcome.get(n) == "productive" for n in newly),
+            )
+
+        alone = {pattern: effect((pattern,)) for pattern in patterns}
+        chosen = tuple(p for p, _ in patterns.most_common() if alone[p][1] == 0)
+        wasted, productive = effect(chosen)
+        while chosen and productive > 0:  # drop the pattern whose removal prunes the least productive
+            trials = {p: effect(tuple(q for q in chosen if q != p)) for p in chosen}
+            worst = min(trials, key=lambda p: (trials[p][1], -trials[p][0]))
+            chosen = tuple(q for q in chosen if q != worst)
+            wasted, productive = trials[worst]
+        for pattern in reversed(chosen):  # least used first: keep only what sees something
+            rest = tuple(q for q in chosen if q != pattern)
+            if effect(rest)[0] == wasted:
+                chosen = rest
+        advised = set(chosen) if wasted > 0 else set()
         for pattern, count in patterns.most_common():
-            newly = _replay(calls, tool, (*chosen, pattern)) - base
-            wasted = sum(outcome.get(n) == "wasted" for n in newly - seen)
-            productive = sum(outcome.get(n) == "productive" for n in newly)
-            advised = wasted > 0 and productive == 0
-            if advised:
-                chosen, seen = (*chosen, pattern), newly
-            out.append((tool, pattern, count, wasted, productive, advised, examples[(tool, pattern)]))
+            if pattern in advised:
+                without = effect(tuple(q for q in chosen if q != pattern))[0] if len(chosen) > 1 else 0
+                seen, pruned = wasted - without, 0
+            else:
+                seen, pruned = alone[pattern]
+            out.append((tool, pattern, count, seen, pruned, pattern in advised, examples[(tool, pattern)]))
     return pd.DataFrame(out, columns=RULE_COLUMNS)

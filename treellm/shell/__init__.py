@@ -20,10 +20,11 @@ from treellm.shell._effect import (
     command_text,
     line_window,
 )
-from treellm.shell.targets import CommandTargets, command_targets, paths_overlap
+from treellm.shell.targets import ENVIRONMENT, CommandTargets, command_targets, paths_overlap
 
 __all__ = [
     "DEFAULT_SHELL_TOOLS",
+    "ENVIRONMENT",
     "CommandTargets",
     "LineWindow",
     "ShellEffect",

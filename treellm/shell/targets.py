@@ -7,8 +7,11 @@ Contract:
   :func:`~treellm.shell.classify_command` gives, plus the paths read and the paths
   written. ``None`` means "cannot be known": an unknown program (a script, a test
   runner) reads and writes ``None``; a known writer whose targets cannot be named
-  (``pip install``, ``git checkout BRANCH``, ``rm $X``) writes ``None``; a program
-  whose output depends on more than files (``date``, ``ps``, ``git log``) reads ``None``.
+  (``git checkout BRANCH``, ``git stash``, ``rm $X``) writes ``None``; a package install
+  (``pip install``, ``python -m pip``, ``npm ci``, ``apt-get install``) writes
+  :data:`ENVIRONMENT`, a path no read names, so it restarts the counts of program runs
+  (their reads are unknown) but not of file reads; a program whose output depends on
+  more than files (``date``, ``ps``, ``git log``) reads ``None``.
 - Known targets: redirections (``> f``, ``>> f``, ``< f``) and heredocs into files;
   ``sed -i``, ``cp``, ``mv``, ``rm``, ``tee``, ``touch``, ``mkdir``, ``ln``, ``dd of=``,
   ``sort -o``; ``git checkout/restore [--] PATHS``; ``patch``/``git apply`` fed a
@@ -51,7 +54,7 @@ from treellm.shell._effect import (
     _word,
 )
 
-__all__ = ["CommandTargets", "command_targets", "paths_overlap"]
+__all__ = ["ENVIRONMENT", "CommandTargets", "command_targets", "paths_overlap"]
 
 Paths = frozenset[str] | None
 """Normalised paths, or None: cannot be known."""
@@ -332,6 +335,31 @@ _LN_VALUE: Final = frozenset({"-t", "-S"})
 _PATCH_VALUE: Final = frozenset({"-i", "-p", "-d", "-o", "-r", "-B", "-D", "-F", "-z", "-V"})
 
 
+ENVIRONMENT: Final = "/<environment>"
+"""What a package install writes: the interpreter's environment, never a file a read names
+(a program run reads it: its reads are unknown)."""
+
+_INSTALLERS: Final = frozenset({"pip", "pip3", "conda", "mamba", "npm", "yarn", "apt", "apt-get", "uv", "poetry"})
+_INSTALLING: Final = frozenset({"install", "uninstall", "remove", "add", "i", "ci", "sync", "update", "upgrade"})
+
+
+def _installs(program: str, args: Sequence[str]) -> bool:
+    """Whether a writing command is a package install (``pip install``, ``python -m pip
+    install``, ``uv pip install``, ``setup.py install``...)."""
+    words = list(args)
+    if program.startswith("python"):
+        if words[:1] == ["-m"] and len(words) > 1 and words[1] in {"pip", "pip3"}:
+            program, words = words[1], words[2:]
+        elif words[:1] == ["setup.py"]:
+            return len(words) > 1 and words[1] in {"install", "develop"}
+        else:
+            return False
+    if program == "uv" and words[:1] == ["pip"]:
+        words = words[1:]
+    sub = next((w for w in words if not w.startswith("-")), None)
+    return program in _INSTALLERS and sub in _INSTALLING
+
+
 def _program_targets(program: str, args: Sequence[str], effect: ShellEffect, node: Node) -> _Found:
     """(read, written) paths of one simple command as written; None: cannot be known.
 
@@ -339,6 +367,8 @@ def _program_targets(program: str, args: Sequence[str], effect: ShellEffect, nod
     node, for the heredoc a patch is fed (looked up only then)."""
     if program in _PURE:
         return (), ()
+    if effect == "write" and _installs(program, args):
+        return None, (ENVIRONMENT,)
     if program in _READ_FILES:
         return _operands(args), ()
     if program in _READ_DIRS:
