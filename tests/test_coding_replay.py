@@ -12,6 +12,7 @@ rules that ``treellm tune`` proposes from the same data.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -99,7 +100,8 @@ def test_no_needed_repeat_is_counted_with_or_without_the_tuned_rules(tuned: dict
 def test_tune_proposes_read_only_rules_that_prune_nothing_productive(tuned: dict[str, Any]) -> None:
     rules = tuned["tune"]["bash"]["rules"]
     advised = [r for r in rules if r["advised"]]
-    assert advised and all(r["productive_pruned"] == 0 and r["wasted_seen"] >= 1 for r in advised)
+    assert advised and all(r["productive_pruned"] == 0 and r["advised_productive_pruned"] == 0 for r in advised)
+    assert advised[0]["advised_wasted_seen"] >= 1
     # a rule that would prune productive repeats (scripts that edit the code) is shown, never advised
     assert any(r["productive_pruned"] > 0 and not r["advised"] for r in rules)
     assert tuned["tune"]["bash"]["verdict"] != "raise"
@@ -145,4 +147,8 @@ def test_candidate_patterns_generalise_programs() -> None:
     assert candidate_pattern(("python", "reproduce_issue.py")) == r"^python[0-9.]* (?:\S*/)?reproduce\w*\.py\b"
     assert candidate_pattern(("python3", "-m", "pytest", "tests/x.py")) == r"^python[0-9.]* -m pytest\b"
     assert candidate_pattern(("sqlfluff", "lint", "x.sql")) == r"^sqlfluff lint\b"
-    assert candidate_pattern(("python", "-c", "print(1)")) is None
+    snippet = candidate_pattern(("python", "-c", "import numpy; print(numpy.__version__)"))
+    assert snippet is not None and re.search(snippet, "python -c import numpy; print(1)")
+    assert not re.search(snippet, "python -c open('x.py', 'w').write('')")
+    assert candidate_pattern(("python", "-c", "import os; os.remove('x')")) is None
+    assert candidate_pattern(("sqlfluff", "fix", "x.sql")) is None  # says it writes

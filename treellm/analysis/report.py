@@ -77,7 +77,8 @@ def tune(
         rules.setdefault(str(rule.tool), []).append(
             {"read_only": rule.read_only, "hidden_wasted": int(rule.hidden_wasted),
              "wasted_seen": int(rule.wasted_seen), "productive_pruned": int(rule.productive_pruned),
-             "advised": bool(rule.advised), "examples": list(rule.examples)}
+             "advised": bool(rule.advised), "advised_wasted_seen": int(rule.advised_wasted_seen),
+             "advised_productive_pruned": int(rule.advised_productive_pruned), "examples": list(rule.examples)}
         )  # fmt: skip
     tools = [
         {"tool": row.tool, "current_max_repeats": int(row.current_max_repeats),

@@ -11,17 +11,19 @@ that hides nearly every wasted repeat (a re-read of a file nothing touched, afte
 - generalises each blocker into a candidate ``read_only`` pattern: the program and, for a
   Python script, the first word of its name (``python reproduce_issue.py`` ->
   ``^python[0-9.]* reproduce\\w*\\.py$``; ``python -m pytest ...`` -> ``^python[0-9.]* -m
-  pytest\\b``; ``sqlfluff lint x`` -> ``^sqlfluff lint\\b``);
+  pytest\\b``; ``sqlfluff lint x`` -> ``^sqlfluff lint\\b``; a ``python -c`` snippet with no
+  call that could write a file -> a pattern for every such snippet);
 - replays every run with each candidate (the runtime's own rule,
   ``treellm.engine.repeats.RepeatPolicy.extend``) and counts the wasted repeats it would
   let the limit count and the productive ones it would let the limit prune (its loss).
 
 The advised set starts from every candidate that alone prunes no productive repeat;
 while the set together would prune one, the candidate whose removal costs the least is
-dropped. The set is advised when it lets the limit see at least one wasted repeat. Per
-candidate, ``wasted_seen`` is what it adds to the advised set (for one not advised: what
-it sees alone) and ``productive_pruned`` what it prunes alone. ``limits_toml`` writes the
-advised ones as ``read_only``.
+dropped, then each whose removal loses nothing. The set is advised when it lets the limit
+see at least one wasted repeat. Per candidate, ``wasted_seen`` and ``productive_pruned``
+are what it does alone (blockers often come in twos: alone it may see nothing);
+``advised_wasted_seen`` and ``advised_productive_pruned`` what the advised set does
+together. ``limits_toml`` writes the advised ones as ``read_only``.
 Needs captured arguments (the commands).
 """
 
@@ -44,7 +46,10 @@ from treellm.store.engine import StoreConnection
 
 __all__ = ["RULE_COLUMNS", "candidate_pattern", "rules_by_tool"]
 
-RULE_COLUMNS = ["tool", "read_only", "hidden_wasted", "wasted_seen", "productive_pruned", "advised", "examples"]
+RULE_COLUMNS = [
+    "tool", "read_only", "hidden_wasted", "wasted_seen", "productive_pruned", "advised", "advised_wasted_seen",
+    "advised_productive_pruned", "examples",
+]  # fmt: skip
 
 _SCRIPT: Final = re.compile(r"([A-Za-z]+)[\w.-]*\.py$")
 _PYTHON: Final = re.compile(r"python[0-9.]*$")
@@ -52,6 +57,13 @@ _WRITES_WORD: Final = re.compile(
     r"^(?:fix|format|write|apply|migrate|install|update|upgrade|edit|patch|init|--fix|--write|-w|--in-place|-i)$"
 )
 """Arguments that say a program writes (``sqlfluff fix``, ``black --write``): never proposed read-only."""
+_WRITING_CODE: Final = (
+    r"open\(|write|save|dump|remove|unlink|rename|replace\(|delete|mkdir|rmtree|touch|shutil|subprocess|system"
+    r"|popen|exec|eval|__import__|to_csv|to_json|to_pickle|chmod|truncate"
+)
+_SNIPPET_WRITES: Final = re.compile(_WRITING_CODE)
+_SNIPPET: Final = rf"^python[0-9.]* -c (?![\s\S]*(?:{_WRITING_CODE}))"
+"""``python -c`` snippets whose code has no call that could write a file."""
 
 
 def candidate_pattern(program: tuple[str, ...]) -> str | None:
@@ -63,7 +75,9 @@ def candidate_pattern(program: tuple[str, ...]) -> str | None:
     if _PYTHON.fullmatch(name):
         if len(args) >= 2 and args[0] == "-m":
             return rf"^python[0-9.]* -m {re.escape(args[1])}\b"
-        if args and args[0] != "-c":
+        if args and args[0] == "-c":
+            return _SNIPPET if len(args) > 1 and not _SNIPPET_WRITES.search(args[1]) else None
+        if args:
             script = _SCRIPT.search(args[0])
             if script is not None:
                 return rf"^python[0-9.]* (?:\S*/)?{re.escape(script[1])}\w*\.py\b"
@@ -154,12 +168,10 @@ def rules_by_tool(
             rest = tuple(q for q in chosen if q != pattern)
             if effect(rest)[0] == wasted:
                 chosen = rest
+        wasted, productive = effect(chosen) if chosen else (0, 0)
         advised = set(chosen) if wasted > 0 else set()
+        together = (wasted, productive) if advised else (0, 0)
         for pattern, count in patterns.most_common():
-            if pattern in advised:
-                without = effect(tuple(q for q in chosen if q != pattern))[0] if len(chosen) > 1 else 0
-                seen, pruned = wasted - without, 0
-            else:
-                seen, pruned = alone[pattern]
-            out.append((tool, pattern, count, seen, pruned, pattern in advised, examples[(tool, pattern)]))
+            seen, pruned = alone[pattern]
+            out.append((tool, pattern, count, seen, pruned, pattern in advised, *together, examples[(tool, pattern)]))
     return pd.DataFrame(out, columns=RULE_COLUMNS)
