@@ -53,7 +53,15 @@ from treellm.shell import DEFAULT_SHELL_TOOLS, ENVIRONMENT, CommandTargets, comm
 from treellm.signature import parse_arguments
 from treellm.store.engine import StoreConnection, as_connection
 
-__all__ = ["REPEAT_COLUMNS", "CallFacts", "identical_repeats_by_tool", "judge_repeat", "load_calls", "repeats"]
+__all__ = [
+    "CODE_WRITES",
+    "REPEAT_COLUMNS",
+    "CallFacts",
+    "identical_repeats_by_tool",
+    "judge_repeat",
+    "load_calls",
+    "repeats",
+]
 
 REPEAT_COLUMNS = [
     "trace_id", "span_id", "run_id", "node_id", "tool", "call_id", "ordinal", "identical_ordinal", "counted",
@@ -64,10 +72,14 @@ _RULE: Final = ToolRule()
 _HEREDOC: Final = re.compile(
     r"(?:cat|tee)\s*>\s*['\"]?([\w./-]+)['\"]?\s*<<-?\s*['\"]?(\w+)['\"]?[^\n]*\n(.*?)\n\2\b", re.DOTALL
 )
-_CODE_WRITES: Final = re.compile(
-    r"""open\([^)]*,\s*(?:mode\s*=\s*)?['"][wax+]|\.write_text\(|\.write_bytes\(|shutil\.(?:copy|move|rmtree)"""
-    r"""|os\.(?:remove|rename|replace|unlink|system)|subprocess|\bsed\s+-i"""
+CODE_WRITES: Final = re.compile(
+    r"""open\([^)]*,\s*(?:mode\s*=\s*)?['"][wax+]|\.write_text\(|\.write_bytes\(|\bshutil\.|\bsubprocess\b"""
+    r"""|\bos\.(?:remove|rename|replace|unlink|system|mkdir|makedirs|rmdir|chmod|truncate|popen)\b|\bpopen\("""
+    r"""|\bexec\(|\beval\(|__import__|\.(?:save|savez|savetxt|touch|unlink|rename|mkdir|rmdir)\("""
+    r"""|\.to_(?:csv|json|pickle|parquet|excel|sql)\(|\bsed\s+-i"""
 )
+"""Python code that may write a file: the one vocabulary of the evidence (scripts and snippets
+the run holds) and of the ``python -c`` rule proposed by ``analysis.rules``."""
 _PYTHON_C: Final = re.compile(r"""python[0-9.]*\s+-c\s+(['"])(.*)\1""", re.DOTALL)
 _SCRIPT: Final = re.compile(r"(?:python[0-9.]*|bash|sh)\s+(?:-\w+\s+)*([\w./-]+\.(?:py|sh))")
 _FILE_WORD: Final = re.compile(r"[\w./-]+\.(?:py|sh|sql|cfg|toml|ini|json|ya?ml|txt|js|ts)\b")
@@ -147,7 +159,7 @@ def _writes_of(call: CallFacts, bodies: dict[str, str]) -> tuple[frozenset[str],
             code = _code_of(call, bodies)
             if code is None:
                 return found.writes, True, True
-            if _CODE_WRITES.search(code) is None:
+            if CODE_WRITES.search(code) is None:
                 return found.writes, False, False
             literals = frozenset(posixpath.normpath(p) for p in _PATH_LITERAL.findall(code))
             return found.writes | literals, not literals, not literals

@@ -36,7 +36,7 @@ from typing import Any, Final
 import pandas as pd
 
 from treellm.analysis.filters import Filters
-from treellm.analysis.repeats import load_calls, repeats
+from treellm.analysis.repeats import CODE_WRITES, load_calls, repeats
 from treellm.config import TreeConfig
 from treellm.engine.repeats import RepeatPolicy, ToolRule, ToolSettings
 from treellm.loop import PathSignatures, call_key
@@ -57,12 +57,7 @@ _WRITES_WORD: Final = re.compile(
     r"^(?:fix|format|write|apply|migrate|install|update|upgrade|edit|patch|init|--fix|--write|-w|--in-place|-i)$"
 )
 """Arguments that say a program writes (``sqlfluff fix``, ``black --write``): never proposed read-only."""
-_WRITING_CODE: Final = (
-    r"open\(|write|save|dump|remove|unlink|rename|replace\(|delete|mkdir|rmtree|touch|shutil|subprocess|system"
-    r"|popen|exec|eval|__import__|to_csv|to_json|to_pickle|chmod|truncate"
-)
-_SNIPPET_WRITES: Final = re.compile(_WRITING_CODE)
-_SNIPPET: Final = rf"^python[0-9.]* -c (?![\s\S]*(?:{_WRITING_CODE}))"
+_SNIPPET: Final = rf"^python[0-9.]* -c (?![\s\S]*(?:{CODE_WRITES.pattern}))"
 """``python -c`` snippets whose code has no call that could write a file."""
 
 
@@ -76,7 +71,7 @@ def candidate_pattern(program: tuple[str, ...]) -> str | None:
         if len(args) >= 2 and args[0] == "-m":
             return rf"^python[0-9.]* -m {re.escape(args[1])}\b"
         if args and args[0] == "-c":
-            return _SNIPPET if len(args) > 1 and not _SNIPPET_WRITES.search(args[1]) else None
+            return _SNIPPET if len(args) > 1 and not CODE_WRITES.search(args[1]) else None
         if args:
             script = _SCRIPT.search(args[0])
             if script is not None:
