@@ -37,6 +37,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from treellm.errors import IngestError
 from treellm.otlp import spans_to_traces_data, traces_data_line
 from treellm.signature import canonical_json, parse_arguments
+from treellm.store import ingest, open_store
 from treellm.store.formats import (
     detect_format,
     iter_traces_data,
@@ -692,3 +693,126 @@ def test_a_bare_message_list_is_one_run(tmp_path: Path) -> None:
     names = iter_names(iter_traces_data(path, "trajectory"))
     assert names.count("invoke_agent trajectory") == 1
     assert names.count("chat") == 3
+
+
+# --- the stored key of each call of another framework (store/foreign.py) ------------------------------
+
+STORED_PATHS = ["/", ".", "..", "../up", "~/notes", "~", "src", "src/main.py", "src/main", "/srv/main/settings.ini",
+                "/srv/main", "/srv/mains", "main/settings.ini", "/etc", "settings.ini", "/srv//main/./x"]  # fmt: skip
+
+
+def test_stored_target_paths_are_digests_that_overlap_as_the_paths_do() -> None:
+    from treellm.shell import paths_overlap
+    from treellm.store.foreign import _path_digest
+
+    for a in STORED_PATHS:
+        for b in STORED_PATHS:
+            assert paths_overlap(_path_digest(a), _path_digest(b)) == paths_overlap(a, b), (a, b)
+    names = {part for path in STORED_PATHS for part in path.split("/")} - {"", ".", ".."}
+    assert [name for name in names if any(name in _path_digest(path) for path in STORED_PATHS)] == []
+
+
+def genai_span(index: int, name: str, attributes: dict[str, str]) -> dict[str, Any]:
+    out = {
+        "traceId": "ab" * 16, "spanId": f"{index + 1:016x}", "name": name, "kind": 1,
+        "startTimeUnixNano": str(T0 + index * 1000 * US), "endTimeUnixNano": str(T0 + index * 1000 * US + 500 * US),
+        "attributes": [{"key": k, "value": {"stringValue": v}} for k, v in attributes.items()],
+    }  # fmt: skip
+    return out | ({"parentSpanId": f"{1:016x}"} if index else {})
+
+
+def genai_calls(calls: list[tuple[str, str]], *, first: int = 0) -> list[dict[str, Any]]:
+    """A chat span before each tool call (GenAI attributes), under the root of :func:`genai_file`."""
+    spans = []
+    for n, (tool, arguments) in enumerate(calls, start=first):
+        spans.append(genai_span(2 * n + 1, "chat m", {"gen_ai.operation.name": "chat"}))
+        spans.append(genai_span(2 * n + 2, f"execute_tool {tool}", {
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool, "gen_ai.tool.call.arguments": arguments,
+        }))  # fmt: skip
+    return spans
+
+
+def genai_file(path: Path, spans: list[dict[str, Any]]) -> Path:
+    resource = {"attributes": [{"key": "service.name", "value": {"stringValue": "other-agent"}}]}
+    doc = {"resourceSpans": [{"resource": resource, "scopeSpans": [{"scope": {"name": "other"}, "spans": spans}]}]}
+    path.write_text(json.dumps(doc) + "\n", encoding="utf-8")
+    return path
+
+
+SETTINGS = ("read_file", '{"path": "/srv/main/settings.ini"}')
+STORED_CALLS = [
+    SETTINGS,
+    ("read_file", '{ "path":"/srv/main/settings.ini" }'),  # the same call, other spacing
+    ("bash", '{"command": "sed -i s/a/b/ /srv/main/settings.ini"}'),  # writes what read_file reads
+    SETTINGS,
+    ("bash", '{"command": "ls /srv"}'),
+    SETTINGS,
+    ("bash", '{"command": "ls /srv"}'),
+]
+ROOT_SPAN = genai_span(0, "invoke_agent a", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"})
+
+
+def stored_calls(db: Path) -> list[tuple[Any, ...]]:
+    con = open_store(db, read_only=True)
+    try:
+        return con.execute(
+            "SELECT span_id, tool_name, ordinal, earlier_node_ids, call_digest, call_targets FROM spans "
+            "WHERE tool_name IS NOT NULL ORDER BY span_id"
+        ).fetchall()
+    finally:
+        con.close()
+
+
+def ingest_in_two(tmp_path: Path, name: str, between: str) -> Path:
+    """The calls in two transactions, with ``between`` run on the store in the meantime."""
+    db = tmp_path / f"{name}.duckdb"
+    ingest(db, [genai_file(tmp_path / f"{name}-1.jsonl", [ROOT_SPAN, *genai_calls(STORED_CALLS[:3])])], capture="full")
+    con = open_store(db)
+    con.execute(between)
+    con.close()
+    later = genai_calls(STORED_CALLS[3:], first=3)
+    ingest(db, [genai_file(tmp_path / f"{name}-2.jsonl", later)], capture="full")
+    return db
+
+
+@pytest.fixture
+def placed_at_once(tmp_path: Path) -> list[tuple[Any, ...]]:
+    db = tmp_path / "once.duckdb"
+    ingest(db, [genai_file(tmp_path / "once.jsonl", [ROOT_SPAN, *genai_calls(STORED_CALLS)])], capture="full")
+    return stored_calls(db)
+
+
+def test_a_call_stores_the_digest_of_its_key_and_its_targets(placed_at_once: list[tuple[Any, ...]]) -> None:
+    import hashlib
+
+    assert [(row[1], row[2]) for row in placed_at_once] == [
+        ("read_file", 1),
+        ("read_file", 2),
+        ("bash", 1),
+        ("read_file", 1),
+        ("bash", 1),
+        ("read_file", 2),
+        ("bash", 2),
+    ]  # sed writes what read_file reads: its count restarts; ls writes nothing: it counts on
+    canonical = canonical_json(parse_arguments(SETTINGS[1]))
+    assert (
+        placed_at_once[0][4] == placed_at_once[1][4] == hashlib.sha256(f"read_file\x00{canonical}".encode()).hexdigest()
+    )
+    sed = json.loads(placed_at_once[2][5])
+    assert sed["changes_state"] is True and len(sed["reads"]) == len(sed["writes"]) == 1
+    assert not [t for t in (placed_at_once[2][5], placed_at_once[0][5]) if "srv" in t or "settings" in t]
+
+
+def test_a_trace_placed_again_keys_its_stored_calls_on_their_stored_keys(
+    tmp_path: Path, placed_at_once: list[tuple[Any, ...]]
+) -> None:
+    """What is stored of the arguments may have been rewritten since (redaction): never read again."""
+    assert stored_calls(ingest_in_two(tmp_path, "rewritten", "UPDATE spans SET arguments = '{}'")) == placed_at_once
+
+
+def test_calls_stored_without_a_key_are_keyed_on_their_stored_arguments(
+    tmp_path: Path, placed_at_once: list[tuple[Any, ...]]
+) -> None:
+    """A store from before migration 0007: its calls are keyed as before, and keep their keys."""
+    older = ingest_in_two(tmp_path, "older", "UPDATE spans SET call_digest = NULL, call_targets = NULL")
+    assert stored_calls(older) == placed_at_once

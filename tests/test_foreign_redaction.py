@@ -8,7 +8,7 @@ exception event's message and stack trace, the status message, link attributes) 
 Then it is stored three ways: ``ingest`` of an OTLP JSON file, the live collector (real HTTP
 on loopback) and ``ingest --clickhouse`` over chDB. Stored: 0 secrets by default, only hashes
 with ``capture="none"``; and what ingest derives (signatures, ordinals) is the same as with
-``capture="full"``.
+``capture="full"``, also when a trace arrives over several transactions (a collector's flushes).
 """
 
 from __future__ import annotations
@@ -347,11 +347,12 @@ def derived(db: Path) -> list[tuple[Any, ...]]:
         con.close()
 
 
-def ingest_calls(folder: Path, capture: str, *parts: list[dict[str, Any]]) -> Path:
+def ingest_calls(folder: Path, capture: str, *parts: list[dict[str, Any]], trace: int = 7) -> Path:
+    """Each part in its own transaction (a collector's flushes)."""
     db = folder / f"{capture}.duckdb"
     for index, spans in enumerate(parts):
         path = folder / f"{capture}-{index}.jsonl"
-        path.write_text(json.dumps(traces_data(7, spans, [])) + "\n", encoding="utf-8")
+        path.write_text(json.dumps(traces_data(trace, spans, [])) + "\n", encoding="utf-8")
         ingest(db, [path], capture=capture)  # type: ignore[arg-type]
     return db
 
@@ -368,14 +369,73 @@ def test_signatures_and_ordinals_are_the_same_with_redaction_as_with_full_captur
                 if any(s in text for text in stored)]  # fmt: skip
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a trace placed again in a later transaction (the collector's next flush) keys the calls stored "
-    "before on their stored (redacted) arguments: store/foreign.py would need a stored key of the raw call",
-)
 def test_ordinals_are_the_same_when_a_trace_arrives_in_two_transactions(tmp_path: Path) -> None:
     root = span(7, 0, "agent", [kv("openinference.span.kind", "AGENT")])
     first, second = [root, *repeated_calls(7, REPEATED[:2])], repeated_calls(7, REPEATED[2:4], first=2)
     assert derived(ingest_calls(tmp_path, "redacted", first, second)) == derived(
         ingest_calls(tmp_path, "full", first, second)
     )
+
+
+SHELL = [
+    ("bash", json.dumps({"command": "cat /srv/app/settings.ini"})),
+    ("bash", json.dumps({"command": "cat /srv/app/settings.ini"})),
+    ("bash", json.dumps({"command": "echo x > /srv/other.txt"})),  # writes another path: the count goes on
+    ("bash", json.dumps({"command": "cat /srv/app/settings.ini"})),
+    ("bash", json.dumps({"command": "sed -i s/a/b/ /srv/app/settings.ini"})),  # writes what it reads
+    ("bash", json.dumps({"command": "cat /srv/app/settings.ini"})),
+]
+
+
+def test_ordinals_are_the_same_when_a_trace_arrives_in_several_transactions_with_capture_none(
+    tmp_path: Path,
+) -> None:
+    """Under ``none`` every stored argument is a hash: the calls stored by the earlier flushes
+    are keyed, and their targets read, from what the placement stored of their raw values."""
+    calls = REPEATED + SHELL
+    root = span(7, 0, "agent", [kv("openinference.span.kind", "AGENT")])
+    parts = [[root, *repeated_calls(7, calls[:3])]]
+    parts += [repeated_calls(7, calls[n : n + 3], first=n) for n in range(3, len(calls), 3)]
+    (tmp_path / "one").mkdir()
+    full = derived(ingest_calls(tmp_path / "one", "full", [s for part in parts for s in part]))
+    assert derived(ingest_calls(tmp_path, "none", *parts)) == full
+    assert [row[3] for row in full if row[1] == "login"] == [1, 2, 1, 3]
+    ordinals = {row[0]: row[3] for row in full}
+    cats = [ordinals[f"{7:08x}{2 * n + 3:08x}"] for n, call in enumerate(calls) if call == SHELL[0]]
+    assert cats == [1, 2, 3, 1]  # a write elsewhere leaves the count, a write to what it reads restarts it
+
+
+def tools_node(trace: int, index: int, call: int, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """LangGraph's ``tools`` node: it records the one call its child tool span runs."""
+    recorded = [{"name": tool, "args": arguments, "id": f"call_{call}", "type": "tool_call"}]
+    return span(
+        trace, index, "tools", [kv("openinference.span.kind", "CHAIN"), kv("input.value", json.dumps(recorded))]
+    )
+
+
+def bare_call(trace: int, index: int, parent: int, tool: str, value: str) -> dict[str, Any]:
+    """A single-argument tool's span: it records the bare value, its parent the keyed call."""
+    attributes = [kv("openinference.span.kind", "TOOL"), kv("tool.name", tool), kv("input.value", value),
+                  kv("output.value", "ok")]  # fmt: skip
+    return span(trace, index, tool, attributes, parentSpanId=f"{trace:08x}{parent + 1:08x}")
+
+
+@pytest.mark.parametrize("capture", ["redacted", "none"])
+def test_a_bare_call_is_keyed_by_a_parent_that_arrives_in_a_later_transaction(tmp_path: Path, capture: str) -> None:
+    """A stored call's key is kept across flushes, but a parent that records the call and arrives
+    later keys it again (children are exported first); a parent stored before never does."""
+    passwords = ["Rd-pw-0001!x", "Rd-pw-0001!x", "Rd-pw-0002!x", "Rd-pw-0001!x"]
+    nodes = [tools_node(8, 2 * n + 1, n, "unlock", {"password": p}) for n, p in enumerate(passwords)]
+    calls = [bare_call(8, 2 * n + 2, 2 * n + 1, "unlock", p) for n, p in enumerate(passwords)]
+    root = span(8, 0, "agent", [kv("openinference.span.kind", "AGENT")])
+    parts = [[root, *calls[:3]], nodes[:3], [nodes[3], calls[3]]]  # children first, then their parents
+    (tmp_path / "one").mkdir()
+    full = derived(ingest_calls(tmp_path / "one", "full", [s for part in parts for s in part], trace=8))
+    assert derived(ingest_calls(tmp_path, capture, *parts, trace=8)) == full
+    assert [row[3] for row in full if row[1] == "unlock"] == [1, 2, 1, 3]
+    con = open_store(tmp_path / f"{capture}.duckdb", read_only=True)
+    try:
+        stored = con.execute("SELECT arguments FROM tool_calls").fetchall()
+    finally:
+        con.close()
+    assert not [a for (a,) in stored if "Rd-pw" in a]

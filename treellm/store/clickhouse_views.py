@@ -42,7 +42,7 @@ __all__ = [
 ]  # fmt: skip
 
 DEFAULT_TABLE: Final = "otel_traces"
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 """The version of the views' SQL below, in each view's comment: bump it when the SQL changes."""
 # ``treellm ingest --clickhouse`` (``clickhouse_ingest``) writes what ingest derived for a span as
 # these attributes, and marks the row with SOURCE_KEY (the file it came from).
@@ -58,7 +58,8 @@ DERIVED_COLUMNS: Final[dict[str, str]] = {
     "signature": "text", "ordinal": "int32", "limit_n": "int32", "limit_source": "text", "result_hash": "text",
     "attempts": "int32", "shadow_caught": "bool", "arguments": "text", "result": "text", "input_tokens": "int64",
     "output_tokens": "int64", "outcome": "text", "orphan_parent": "text", "earlier_node_ids": "text",
-    "convention": "text", "internal": "bool", "anchor_node_id": "text",
+    "convention": "text", "internal": "bool", "anchor_node_id": "text", "call_digest": "text",
+    "call_targets": "text",
 }  # fmt: skip
 
 VIEW_NAMES: Final = ("spans", "nodes", "tool_calls", "loop_events", "runs")
@@ -188,6 +189,8 @@ def _spans(table: str) -> str:
         "convention": "CAST(NULL AS Nullable(String))",
         "internal": "CAST(NULL AS Nullable(Bool))",
         "anchor_node_id": "CAST(NULL AS Nullable(String))",
+        "call_digest": "CAST(NULL AS Nullable(String))",
+        "call_targets": "CAST(NULL AS Nullable(String))",
     }
     columns = ",\n    ".join(_derived(c, own[c]) for c in DERIVED_COLUMNS)
     attributes = f"""mapFilter((k, v) -> NOT startsWith(k, '{DERIVED_PREFIX}'),

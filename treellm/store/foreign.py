@@ -12,6 +12,23 @@ only moves data, so that the work done per span in Python is as small as the rul
   equal), and the answers go back as two Arrow tables joined in SQL, never row by row.
 - Whole traces are placed again whenever one of their spans arrives, so spans stored
   before their run's root (a batch exporter sends children first) move to that run.
+- A placement again never reads what the redaction rewrote: when a counted call is first
+  keyed from its raw arguments (those that arrived in this transaction, or its parent's, see
+  below) its key is stored as ``call_digest`` (the SHA-256 hex of the tool name, a NUL and
+  the canonical argument text: never the 32-bit signature) and its targets as
+  ``call_targets`` (compact JSON ``{"reads", "writes", "changes_state"}``, as the default
+  rule judged them then; whether the call failed is read from its stored status); a later
+  placement keys the call on those (``CallKey(tool, digest)``: keys only need equality) and
+  derives a key from the stored arguments only for a call that has none (stores from before
+  migration 0007). Each target path is stored as a digest of each of its components (``/``,
+  ``.`` and ``..`` kept): :func:`treellm.shell.paths_overlap` only compares whole components
+  for equality, so every overlap answer stays as on the raw paths, while nothing readable of
+  a path is stored (this module does not know the capture mode, and ``none`` stores hashes
+  only). The digest of the key, like the signature and the result hash, can confirm a
+  guessed argument text, never reveal it. A call stored with a key is keyed again only by a
+  parent that records it and arrives later (a bare LangChain value whose ``tools`` node
+  comes in the next flush); a call that arrives after such a parent was stored takes its
+  arguments from what was stored (redacted) of that parent.
 - Only columns cross into Python (Arrow), never rows of maps; the placement's answer goes
   back as columns too.
 """
@@ -20,6 +37,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -32,7 +50,7 @@ import pandas as pd
 from treellm import settings
 from treellm.engine import repeats
 from treellm.engine.tools import result_hash
-from treellm.loop import CallKey
+from treellm.loop import CallKey, Paths
 from treellm.signature import RawArguments, canonical_json, hash_text, parse_arguments, signature
 from treellm.store.trees import SpanFacts, place_traces
 from treellm.telemetry import conventions
@@ -80,6 +98,43 @@ def _canonical(arguments: str) -> tuple[Any, str]:
 @functools.lru_cache(maxsize=65_536)
 def _signature(tool: str, arguments: str) -> str:
     return f"{tool}:{hash_text(_canonical(arguments)[1])}"
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@functools.lru_cache(maxsize=65_536)
+def _path_digest(path: str) -> str:
+    """``path`` with each component replaced by 16 hex digits of its SHA-256 (``/``, ``.`` and
+    ``..`` kept): :func:`treellm.shell.paths_overlap` gives the same answer on the digests."""
+    return "/".join(part if part in ("", ".", "..") else _sha256(part)[:16] for part in path.split("/"))
+
+
+def _paths_json(paths: Paths) -> list[str] | None:
+    return None if paths is None else sorted(_path_digest(path) for path in paths)
+
+
+@functools.lru_cache(maxsize=65_536)
+def _stored_key(tool: str, arguments: str) -> tuple[str, str]:
+    """(``call_digest``, ``call_targets``) of a call of ``tool`` with the argument text
+    ``arguments``, as stored (see the module docstring; pure, memoised)."""
+    value, text = _canonical(arguments)
+    found = repeats.call_targets(_DEFAULT_RULE, tool, value)
+    targets = {"reads": _paths_json(found.reads), "writes": _paths_json(found.writes),
+               "changes_state": found.changes_state}  # fmt: skip
+    return _sha256(f"{tool}\x00{text}"), orjson.dumps(targets).decode()
+
+
+@functools.lru_cache(maxsize=65_536)
+def _targets(stored: str) -> repeats.CallTargets:
+    """The targets of a call from its ``call_targets`` (paths as digests)."""
+    found = orjson.loads(stored)
+    reads, writes = found["reads"], found["writes"]
+    return repeats.CallTargets(
+        None if reads is None else frozenset(reads), None if writes is None else frozenset(writes),
+        bool(found["changes_state"]),
+    )  # fmt: skip
 
 
 # -- conventions: what each new span says ---------------------------------------------------------
@@ -222,11 +277,14 @@ def _read_foreign(con: duckdb.DuckDBPyConnection, internal: frozenset[str]) -> b
 
 # -- runs, trees and ordinals of the traces those spans belong to -------------------------------------
 
+# ``new``: the span arrived in this transaction (every placed span has a run; the new spans of
+# other frameworks, those of ``foreign_in``, have none yet), so its stored values are the raw ones.
 _TRACE_SPANS = """
 SELECT trace_id, span_id, parent_span_id, start_ns, end_ns, operation, tool_name, arguments,
        coalesce(internal, false) AS internal, agent_name,
        orphan_parent IS NOT NULL AND parent_span_id IS NULL AS flagged,
-       coalesce(status_code = 2 OR node_status = 'failed', false) AS failed
+       coalesce(status_code = 2 OR node_status = 'failed', false) AS failed,
+       call_digest, call_targets, run_id IS NULL AS new
 FROM spans WHERE trace_id IN (SELECT DISTINCT trace_id FROM foreign_in)
 """
 
@@ -234,12 +292,18 @@ FROM spans WHERE trace_id IN (SELECT DISTINCT trace_id FROM foreign_in)
 def _keyed_from_parents(con: duckdb.DuckDBPyConnection, spans: dict[str, list[Any]]) -> None:
     """Tool spans that record a bare value (LangChain's single-argument tools) take their
     keyed arguments and call id from the parent that records the call, once it is stored
-    (``spans["arguments"]`` is updated in place)."""
+    (``spans["arguments"]`` is updated in place, and the stored key of such a call is dropped,
+    to be derived again). A call stored with a key is keyed again only by a parent that has
+    just arrived: a parent stored before holds redacted values."""
     operations, parents, arguments = spans["operation"], spans["parent_span_id"], spans["arguments"]
+    digests, traces = spans["call_digest"], spans["trace_id"]
     bare = [
         i for i, operation in enumerate(operations)
         if operation == "execute_tool" and parents[i] is not None and not (arguments[i] or "").lstrip().startswith("{")
     ]  # fmt: skip
+    if any(digests[i] is not None for i in bare):
+        arrived = {(t, s) for t, s, new in zip(traces, spans["span_id"], spans["new"], strict=True) if new}
+        bare = [i for i in bare if digests[i] is None or (traces[i], parents[i]) in arrived]
     if not bare:
         return
     frame = _frame(
@@ -285,49 +349,68 @@ def _keyed_from_parents(con: duckdb.DuckDBPyConnection, spans: dict[str, list[An
         con.unregister("keyed_calls")
     for i, (text, _, _) in found.items():
         arguments[i] = text
+        digests[i] = None
 
 
-def _span_facts(spans: dict[str, list[Any]]) -> list[SpanFacts]:
-    keys: dict[tuple[str, str], tuple[CallKey, repeats.CallTargets]] = {}
+_StoredKey = tuple[str, str]
+"""(``call_digest``, ``call_targets``) of a counted call."""
+_Call = tuple[CallKey, repeats.CallTargets, _StoredKey]
 
-    def call(tool: str, args: str) -> tuple[CallKey, repeats.CallTargets]:
-        found = keys.get((tool, args))
+
+def _span_facts(spans: dict[str, list[Any]]) -> tuple[list[SpanFacts], dict[tuple[str, str], _StoredKey]]:
+    """The placement's facts of each span, and the stored key of each counted call by (trace id,
+    span id): the one stored, else derived from its arguments (see the module docstring). Equal
+    calls share one :class:`CallKey` (the paths look them up by identity first)."""
+    by_key: dict[_StoredKey, _Call] = {}
+    by_arguments: dict[tuple[str, str], _Call] = {}
+
+    def keyed(tool: str, kept: _StoredKey) -> _Call:
+        found = by_key.get(kept)
         if found is None:
-            value, text = _canonical(args)
-            key = CallKey(tool, text, raw=isinstance(value, RawArguments))
-            found = keys[(tool, args)] = (key, repeats.call_targets(_DEFAULT_RULE, tool, value))
+            found = by_key[kept] = (CallKey(tool, kept[0], raw=False), _targets(kept[1]), kept)
+        return found
+
+    def call(tool: str, args: str, kept: tuple[str | None, str | None]) -> _Call:
+        digest, targets = kept
+        if digest is not None and targets is not None:
+            return keyed(tool, (digest, targets))
+        found = by_arguments.get((tool, args))
+        if found is None:
+            found = by_arguments[(tool, args)] = keyed(tool, _stored_key(tool, args))
         return found
 
     out = []
-    for trace, span, parent, start, end, operation, tool, args, internal, agent, flagged, failed in zip(
+    stored: dict[tuple[str, str], _StoredKey] = {}
+    for trace, span, parent, start, end, operation, tool, args, internal, agent, flagged, failed, kept in zip(
         spans["trace_id"], spans["span_id"], spans["parent_span_id"], spans["start_ns"], spans["end_ns"],
         spans["operation"], spans["tool_name"], spans["arguments"], spans["internal"], spans["agent_name"],
-        spans["flagged"], spans["failed"], strict=True,
+        spans["flagged"], spans["failed"], zip(spans["call_digest"], spans["call_targets"], strict=True), strict=True,
     ):  # fmt: skip
-        counted = tool is not None and operation == "execute_tool" and not internal
         role = _ROLES.get(operation or "", "other")
-        if counted:
-            key, targets = call(tool, args or "")
-            changes_state = not failed and targets.changes_state
-            out.append(
-                SpanFacts(
-                    trace, span, parent, start, end, role, key, agent, flagged, changes_state,
-                    targets.reads, targets.writes,
-                )
-            )  # fmt: skip
-        else:
+        if tool is None or operation != "execute_tool" or internal:
             out.append(SpanFacts(trace, span, parent, start, end, role, None, agent, flagged))
-    return out
+            continue
+        key, found, stored_key = call(tool, args or "", kept)
+        stored[(trace, span)] = stored_key
+        out.append(
+            SpanFacts(
+                trace, span, parent, start, end, role, key, agent, flagged, not failed and found.changes_state,
+                found.reads, found.writes,
+            )
+        )  # fmt: skip
+    return out, stored
 
 
 def _place(con: duckdb.DuckDBPyConnection) -> None:
     fetched = con.execute(_TRACE_SPANS).fetchnumpy()
     spans = {name: fetched.pop(name).tolist() for name in list(fetched)}
     _keyed_from_parents(con, spans)
-    facts = _span_facts(spans)
+    facts, stored = _span_facts(spans)
     del spans
     placed = place_traces(facts)  # the spans of other frameworks among them are updated (the WHERE below)
     del facts
+    keys = [stored.get((p.trace_id, p.span_id)) for p in placed]
+    del stored
     frame = _frame(
         {
             "trace_id": [p.trace_id for p in placed],
@@ -340,15 +423,17 @@ def _place(con: duckdb.DuckDBPyConnection) -> None:
             "earlier_node_ids": [json.dumps(list(p.earlier)) if p.earlier else None for p in placed],
             "orphan": [p.orphan for p in placed],
             "anchor_node_id": [p.anchor for p in placed],
+            "call_digest": [None if k is None else k[0] for k in keys],
+            "call_targets": [None if k is None else k[1] for k in keys],
         }
     )
-    del placed
+    del placed, keys
     con.register("run_updates", frame)
     try:
         con.execute(
             "UPDATE spans SET run_id = u.run_id, node_kind = u.node_kind, node_parent_id = u.node_parent_id, "
             "node_depth = u.node_depth, ordinal = u.ordinal, earlier_node_ids = u.earlier_node_ids, "
-            "anchor_node_id = u.anchor_node_id, "
+            "anchor_node_id = u.anchor_node_id, call_digest = u.call_digest, call_targets = u.call_targets, "
             "orphan_parent = CASE WHEN u.orphan THEN coalesce(spans.orphan_parent, spans.parent_span_id, '') "
             "                     WHEN spans.parent_span_id IS NULL THEN spans.orphan_parent END "
             "FROM run_updates u WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id "

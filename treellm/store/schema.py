@@ -338,6 +338,17 @@ JOIN spans s USING (trace_id, span_id)
 WHERE e.name = 'loop:detected';
 """
 
+# 0007: the stored key of each call of another framework (``store/foreign.py``): the SHA-256 hex
+# of its tool and canonical raw argument text (``call_digest``) and its targets as compact JSON
+# with each path component digested (``call_targets``), written when the call is first keyed
+# from its raw values, so a trace placed again in a later transaction never keys its calls on
+# their stored (redacted) arguments. NULL: not a counted call of another framework, or stored
+# before this migration (then keyed on the stored arguments, as before).
+_CALL_KEYS = """
+ALTER TABLE spans ADD COLUMN call_digest VARCHAR;
+ALTER TABLE spans ADD COLUMN call_targets VARCHAR;
+"""
+
 MIGRATIONS_TABLE: Final = "schema_migrations"
 MIGRATIONS_TABLE_COLUMNS: Final = (("name", "VARCHAR"), ("applied_at", "TIMESTAMP"))
 """The migrations table's columns and DuckDB types, in order: part of what marks a treellm store."""
@@ -352,4 +363,5 @@ MIGRATIONS: Final[tuple[tuple[str, str], ...]] = (
     ("0004_foreign_trees", _FOREIGN_TREES),
     ("0005_metric_points", METRIC_POINTS_SQL),
     ("0006_guard_anchors", _GUARD_ANCHORS),
+    ("0007_call_keys", _CALL_KEYS),
 )

@@ -17,7 +17,8 @@
   0 under the node that was current when it started. Tool calls before any LLM span
   hang from the run (parent ``None``, depth 0).
 - **ordinal**: 1 + the earlier calls on the path with the same key (the tool name and the
-  canonical text of its arguments, never a hash) that count: counted by
+  canonical text of its arguments, or the SHA-256 of both that ingest stores: never the
+  32-bit signature) that count: counted by
   :class:`treellm.loop.PathSignatures`, the runtime's own rule (a state change restarts
   the counts of the calls that read what it wrote; ``docs/architecture.md``);
   ``earlier`` names them (span ids). Framework-internal calls have no key and no ordinal.
