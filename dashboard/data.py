@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import re
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -46,6 +45,7 @@ from treellm.analysis import explorer as ex
 from treellm.errors import ConfigError, MissingExtraError, StoreBusyError, StoreError
 from treellm.store.connection import default_db_path, open_parquet, open_store
 from treellm.store.engine import StoreConnection
+from treellm.urls import display_url, mask_urls
 
 RUN_CHOICES = 500
 """The run explorer lists the latest runs; a deep link opens any run."""
@@ -92,17 +92,13 @@ def source() -> Source:
     return Source("db", (str(db or default_db_path()),))
 
 
-_PASSWORD = re.compile(r"(//[^/:@]*:)[^/@]*@")
-
-
 def describe_source(src: Source | None = None) -> str:
     """The source as one line of text (a URL's password masked)."""
     kind, paths, table = src or source()
     if kind == "parquet":
         return f"Parquet: {', '.join(paths)}"
     if kind == "clickhouse":
-        url = _PASSWORD.sub(r"\1***@", paths[0])
-        return f"ClickHouse: {url} ({table})"
+        return f"ClickHouse: {display_url(paths[0])} ({table})"
     return f"store: {paths[0]}"
 
 
@@ -155,9 +151,9 @@ def show_problems() -> Iterator[None]:
             st.rerun()
         _rerun_when_free()
     except StoreError as exc:
-        st.info(f"No data to show: {literal(exc)}")
+        st.info(f"No data to show: {literal(mask_urls(str(exc)))}")
     except (ConfigError, MissingExtraError) as exc:
-        st.error(f"Cannot read the data: {literal(exc)}")
+        st.error(f"Cannot read the data: {literal(mask_urls(str(exc)))}")
 
 
 BUSY_RETRY_S = 2.0

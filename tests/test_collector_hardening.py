@@ -32,6 +32,7 @@ from treellm.collector.errors import PayloadTooLarge
 from treellm.collector.flusher import Flusher, halve_traces_line
 from treellm.collector.journal import Journal
 from treellm.collector.protocol import bearer_matches
+from treellm.collector.server import connection_cap
 from treellm.errors import ConfigError, IngestError
 from treellm.store import FileReport, ingest_file
 
@@ -155,6 +156,12 @@ def test_connections_above_the_cap_get_503_with_retry_after(tmp_path: Path) -> N
         assert head.startswith(b"HTTP/1.1 503 ") and b"retry-after: 7" in head.lower(), head
         assert "connections are open" in status_pb2.Status.FromString(status).message
         assert capped.stats().over_capacity == 1
+        with closing(connect(capped.url)) as watcher:  # /health is answered all the same, then closed
+            watcher.sendall(HEALTH_REQUEST)
+            answer = read_until_closed(watcher)
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ") and b"connection: close" in head.lower(), head
+        assert orjson.loads(body)["over_capacity"] == 2
         held.pop().close()  # one leaves: a new client is taken again
 
         def served() -> bool:
@@ -173,6 +180,41 @@ def test_the_limits_are_validated_settings_with_flags() -> None:
     assert (args.header_timeout, args.body_timeout, args.max_connections) == (2.5, 9.0, 12)
 
 
+def test_at_the_cap_a_new_connection_closes_the_oldest_idle_one(tmp_path: Path) -> None:
+    """Idle connections (no request under way) make room for new ones, oldest first; one mid-request stays."""
+    config = CollectorConfig(port=0, max_connections=3, header_timeout_s=600, body_timeout_s=600)
+    with Collector(tmp_path / "s.duckdb", config) as capped, ExitStack() as stack:
+        body = pb_request(7).SerializeToString()
+        busy = stack.enter_context(closing(connect(capped.url)))
+        busy.sendall(post_head(capped.url, length=len(body)))  # mid-request: never closed to make room
+        wait_until(lambda: capped.stats().connections == 1, what="the busy connection")
+        oldest = stack.enter_context(closing(connect(capped.url)))
+        wait_until(lambda: capped.stats().connections == 2, what="the oldest idle connection")
+        newer = stack.enter_context(closing(connect(capped.url)))
+        wait_until(lambda: capped.stats().connections == 3, what="the newer idle connection")
+        first = stack.enter_context(closing(connect(capped.url)))  # at the cap: the oldest idle one goes
+        first.sendall(HEALTH_REQUEST)
+        assert read_response(first).startswith(b"HTTP/1.1 200 ")  # and it waits again, kept alive
+        assert read_until_closed(oldest) == b""
+        assert capped.stats().evicted == 1
+        with closing(connect(capped.url)) as second:  # then the next oldest: newer, not first
+            second.sendall(HEALTH_REQUEST)
+            assert read_response(second).startswith(b"HTTP/1.1 200 ")
+            assert read_until_closed(newer) == b""
+        first.sendall(HEALTH_REQUEST)
+        assert read_response(first).startswith(b"HTTP/1.1 200 ")
+        busy.sendall(body)  # the busy one was kept: its request completes
+        assert read_response(busy).startswith(b"HTTP/1.1 200 ")
+        assert capped.stats().evicted == 2 and capped.stats().over_capacity == 0
+
+
+def test_the_cap_is_lowered_to_the_descriptor_budget() -> None:
+    assert connection_cap(256, None, 40, 32) == 256
+    assert connection_cap(256, 1024, 40, 32) == 256
+    assert connection_cap(1000, 256, 40, 32) == 184
+    assert connection_cap(1000, 48, 40, 32) < 1  # no room: the collector refuses to start
+
+
 # -- descriptors running out -----------------------------------------------------------------------------
 
 _LOW_FD_COLLECTOR = """
@@ -183,10 +225,69 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
-def test_accepts_refused_for_want_of_descriptors_back_off_and_log_once(tmp_path: Path) -> None:
+def low_fd_collector(tmp_path: Path, limit: int, *options: str) -> tuple[list[str], Path]:
     log = tmp_path / "collector.log"
-    command = [sys.executable, "-c", _LOW_FD_COLLECTOR, "48", "--db", str(tmp_path / "s.duckdb"), "--port", "0",
-               "--header-timeout", "120", "--max-connections", "1000"]  # fmt: skip
+    command = [sys.executable, "-c", _LOW_FD_COLLECTOR, str(limit), "--db", str(tmp_path / "s.duckdb"), "--port", "0",
+               "-v", *options]  # fmt: skip
+    return command, log
+
+
+def test_health_answers_with_more_half_open_connections_than_the_descriptor_limit_allows(tmp_path: Path) -> None:
+    """``ulimit -n 256`` and 300 connections that never send a byte: they cycle through the budget
+    (oldest closed first), and /health and a client that sends its request are served."""
+    command, log = low_fd_collector(tmp_path, 256, "--header-timeout", "600", "--max-connections", "1000")
+    with log.open("w") as stderr, subprocess.Popen(command, stderr=stderr, cwd=ROOT) as process:
+        try:
+            wait_until(lambda: "listening on" in log.read_text() or process.poll() is not None, 30, "the collector")
+            url = log.read_text().split("listening on ", 1)[1].split(";")[0]
+            health = url.replace("/v1/traces", "/health")
+            before = httpx.get(health, timeout=20).json()
+            cap = before["connection_cap"]
+            assert 0 < cap < 256 - 32, before  # lowered to the budget: the limit less the open ones and the reserve
+            with ExitStack() as flood:
+                sockets = [flood.enter_context(closing(connect(url))) for _ in range(300)]  # more than the budget
+                answer = httpx.get(health, timeout=20)  # a generous bound, not a measure
+                assert answer.status_code == 200
+                after = answer.json()
+                assert after["accept_errors"] == 0 and after["connections"] <= cap, after
+                assert after["evicted"] >= 300 - cap, after
+                assert read_until_closed(sockets[0]) == b"", "the oldest idle connection was closed first"
+                body = pb_request(5).SerializeToString()
+                assert httpx.post(url, content=body, headers=PROTOBUF, timeout=20).status_code == 200
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
+    text = log.read_text()
+    assert f"holding at most {cap} connections" in text
+    assert text.count("closing the oldest idle one") == 1, text  # once per burst, not per connection
+    assert "Traceback" not in text
+
+
+def test_a_descriptor_limit_that_leaves_no_room_for_connections_is_one_clear_error(tmp_path: Path) -> None:
+    command, _ = low_fd_collector(tmp_path, 30)
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=60, check=False)
+    assert done.returncode == 1
+    assert "leaves no room for connections" in done.stderr and "ulimit -n" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+_SHRINKING_COLLECTOR = """
+import os, resource, sys, threading
+from pathlib import Path
+from treellm.collector import Collector, CollectorConfig
+config = CollectorConfig(port=0, header_timeout_s=120, max_connections=1000)
+with Collector(Path(sys.argv[1]), config) as collector:
+    held = len(os.listdir("/proc/self/fd"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (held + 16, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    print("listening on", collector.url, file=sys.stderr, flush=True)
+    threading.Event().wait()
+"""
+
+
+def test_accepts_refused_for_want_of_descriptors_back_off_and_log_once(tmp_path: Path) -> None:
+    """The limit lowered under a running collector (its cap was set at start): accepts fail and back off."""
+    log = tmp_path / "collector.log"
+    command = [sys.executable, "-c", _SHRINKING_COLLECTOR, str(tmp_path / "s.duckdb")]
     with log.open("w") as stderr, subprocess.Popen(command, stderr=stderr, cwd=ROOT) as process:
         try:
             wait_until(lambda: "listening on" in log.read_text() or process.poll() is not None, 30, "the collector")

@@ -1,7 +1,11 @@
 """The ``treellm`` command: parse, call one library function, render.
 
 A :class:`~treellm.errors.TreeLLMError` becomes one line on stderr and exit
-status 1, never a traceback. Every command's help carries an example.
+status 1, never a traceback; so does an :class:`OSError` about a file or folder that
+an option names (the line names the option). A value that no file can have (empty,
+NUL) or that DuckDB would read as another path is refused at parsing, naming the
+option (exit 2). Every message reaches stderr with URLs' passwords masked
+(:mod:`treellm.urls`). Every command's help carries an example.
 """
 
 from __future__ import annotations
@@ -13,12 +17,13 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from treellm import settings
 from treellm._version import __version__
 from treellm.errors import ConfigError, MissingExtraError, TreeLLMError, require_extra
 from treellm.signature import RawArguments, canonical_json, parse_arguments, signature
+from treellm.urls import display_url, host_problem, mask_urls, shown, url_problem
 
 
 def _plain(line: str) -> str:
@@ -33,6 +38,73 @@ def _console(stderr: bool = True) -> Any:
     from rich.console import Console
 
     return Console(stderr=stderr)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors (which quote the value refused) mask URLs' passwords."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(mask_urls(message))
+
+
+# The values of options that name files and folders are refused at parsing (argparse names the
+# option) when no file can have that name; a file or folder that cannot be used is one error line
+# naming the option (main). Paths DuckDB opens are refused also when DuckDB would read another:
+# a URL (it fetches it) or, on POSIX, a backslash (it reads one as a folder separator).
+_URL_LIKE = re.compile(r"^(?:[A-Za-z][A-Za-z0-9+.\-]+:/|md:|motherduck:)")
+
+
+def _path(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("expected a path, got an empty one")
+    if "\x00" in text:
+        raise argparse.ArgumentTypeError("expected a path without NUL characters")
+    return text
+
+
+def _store_path(text: str) -> str:
+    text = _path(text)
+    if _URL_LIKE.match(text):
+        raise argparse.ArgumentTypeError(f"expected a local path, got the URL {shown(text)}")
+    if os.sep == "/" and "\\" in text:
+        raise argparse.ArgumentTypeError("expected a path without '\\' (DuckDB reads it as a folder separator)")
+    return text
+
+
+def _host(text: str) -> str:
+    problem = host_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{problem}, got {shown(text)}")
+    return text
+
+
+def _appendable(path: str) -> None:
+    """Create ``path`` (and its folders) for appending, as the trace exporter will: a path that
+    cannot be written fails here, on the command line, not in the exporter's thread later."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with Path(path).open("ab"):
+        pass
+
+
+def _option_naming(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, filename: object
+) -> tuple[str, str] | None:
+    """The option (or positional) of the command run whose value is ``filename`` or a folder
+    holding it, and that value; None when no option names it."""
+    if not isinstance(filename, str | bytes) or not filename:
+        return None
+    failed = Path(os.fsdecode(filename)).absolute()
+    sub: Any = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for action in sub.choices[args.command]._actions:
+        given = getattr(args, action.dest, None)
+        for value in given if isinstance(given, list) else [given]:
+            if isinstance(value, str) and value and "\x00" not in value:
+                path = Path(value).absolute()
+                if failed == path or path in failed.parents:
+                    return (
+                        action.option_strings[-1] if action.option_strings else action.metavar or action.dest
+                    ), value
+    return None
 
 
 def _cmd_sign(args: argparse.Namespace) -> int:
@@ -61,6 +133,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
             f"treellm run needs --base-url and --model "
             f"(or {settings.TREELLM_BASE_URL.name} and {settings.TREELLM_MODEL.name})"
         )
+    problem = url_problem(base_url)
+    if problem is not None:
+        raise ConfigError(f"--base-url (or ${settings.TREELLM_BASE_URL.name}): {problem}, got {shown(base_url)}")
     config = TreeConfig.from_file(args.limits) if args.limits else TreeConfig()
     changes = {
         k: v
@@ -79,6 +154,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.trace:
         from treellm.setup import configure
 
+        _appendable(args.trace)
         provider = configure(service_name=args.name, jsonl=args.trace)
     executor = TreeExecutor(
         model,
@@ -109,6 +185,8 @@ def _cmd_mcp_proxy(args: argparse.Namespace) -> int:
 
     command = args.server[1:] if args.server[:1] == ["--"] else args.server
     config = TreeConfig.from_file(args.limits) if args.limits else None
+    if args.trace:
+        _appendable(args.trace)
     run_mcp_proxy(
         command, config, on_repeat=args.on_repeat, max_repeats=args.max_repeats, trace=args.trace, name=args.name
     )
@@ -229,12 +307,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
     from treellm.store.ingest import IngestReport, ingest
 
-    if args.clickhouse:
-        from treellm.store.clickhouse import display_url
-
-        db = f"{display_url(args.clickhouse)} ({args.clickhouse_table})"
-    else:
-        db = _db(args)
+    db = f"{display_url(args.clickhouse)} ({args.clickhouse_table})" if args.clickhouse else _db(args)
 
     def run(progress: Any = None) -> IngestReport:
         if not args.clickhouse:
@@ -431,8 +504,10 @@ _CLICKHOUSE_DATABASE_HELP = (
 
 def _add_reader_options(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--db", help="the store (default $TREELLM_DB or ./treellm.duckdb)")
-    source.add_argument("--parquet", nargs="+", metavar="DIR", help="read `treellm export` folders instead")
+    source.add_argument("--db", type=_store_path, help="the store (default $TREELLM_DB or ./treellm.duckdb)")
+    source.add_argument(
+        "--parquet", nargs="+", type=_store_path, metavar="DIR", help="read `treellm export` folders instead"
+    )
     source.add_argument(
         "--clickhouse",
         metavar="URL",
@@ -483,9 +558,9 @@ def _add_data_commands(sub: Any) -> None:
             "  treellm ingest trajectories/ --clickhouse http://localhost:8123 --clickhouse-table otel.otel_traces"
         ),
     )
-    ingest.add_argument("paths", nargs="+", metavar="PATH", help="files or folders")
+    ingest.add_argument("paths", nargs="+", type=_store_path, metavar="PATH", help="files or folders")
     target = ingest.add_mutually_exclusive_group()
-    target.add_argument("--db", help="the store (default $TREELLM_DB or ./treellm.duckdb)")
+    target.add_argument("--db", type=_store_path, help="the store (default $TREELLM_DB or ./treellm.duckdb)")
     target.add_argument(
         "--clickhouse",
         metavar="URL",
@@ -518,8 +593,8 @@ def _add_data_commands(sub: Any) -> None:
         ),
         epilog="example:\n  treellm export --db runs.duckdb --parquet warehouse/",
     )
-    export.add_argument("--db", help="the store (default $TREELLM_DB or ./treellm.duckdb)")
-    export.add_argument("--parquet", required=True, metavar="DIR", help="the folder to write")
+    export.add_argument("--db", type=_store_path, help="the store (default $TREELLM_DB or ./treellm.duckdb)")
+    export.add_argument("--parquet", required=True, type=_store_path, metavar="DIR", help="the folder to write")
     export.set_defaults(func=_cmd_export)
 
     gc = _command(
@@ -529,7 +604,7 @@ def _add_data_commands(sub: Any) -> None:
         description="Delete the runs that started longer ago than --older-than (with all their spans).",
         epilog="example:\n  treellm gc --db runs.duckdb --older-than 30d",
     )
-    gc.add_argument("--db", help="the store (default $TREELLM_DB or ./treellm.duckdb)")
+    gc.add_argument("--db", type=_store_path, help="the store (default $TREELLM_DB or ./treellm.duckdb)")
     gc.add_argument("--older-than", required=True, help="an age such as 30d, 12h or 2w")
     gc.set_defaults(func=_cmd_gc)
 
@@ -545,7 +620,7 @@ def _add_data_commands(sub: Any) -> None:
     )
     simulate.add_argument("--runs", type=int, default=100, help="number of runs (default %(default)s)")
     simulate.add_argument("--seed", type=int, default=0, help="the seed (default %(default)s)")
-    simulate.add_argument("--out", required=True, metavar="FILE.jsonl", help="the OTLP JSONL file to write")
+    simulate.add_argument("--out", required=True, type=_path, metavar="FILE.jsonl", help="the OTLP JSONL file to write")
     simulate.add_argument(
         "--persona",
         action="append",
@@ -612,7 +687,7 @@ def _add_mcp_proxy_command(sub: Any) -> None:
             "npx -y @modelcontextprotocol/server-filesystem ~/notes"
         ),
     )
-    proxy.add_argument("--limits", help="a TOML limits file, as `treellm tune` writes it (wins per tool)")
+    proxy.add_argument("--limits", type=_path, help="a TOML limits file, as `treellm tune` writes it (wins per tool)")
     proxy.add_argument(
         "--on-repeat",
         choices=["prune", "nudge", "cache"],
@@ -622,7 +697,9 @@ def _add_mcp_proxy_command(sub: Any) -> None:
     proxy.add_argument(
         "--max-repeats", type=int, help="identical calls that may run per session (default: max_repeats_per_signature)"
     )
-    proxy.add_argument("--trace", metavar="FILE.jsonl", help="append the session's spans to an OTLP JSONL file")
+    proxy.add_argument(
+        "--trace", type=_path, metavar="FILE.jsonl", help="append the session's spans to an OTLP JSONL file"
+    )
     proxy.add_argument("--name", default="mcp-proxy", help="the agent's name in traces (default %(default)s)")
     proxy.add_argument("server", nargs=argparse.REMAINDER, metavar="-- COMMAND...", help="the MCP server's command")
     proxy.set_defaults(func=_cmd_mcp_proxy)
@@ -638,8 +715,10 @@ def _add_dashboard_command(sub: Any) -> None:
         "  treellm dashboard --clickhouse chdb:./traces --clickhouse-table otel.otel_traces",
     )
     source = dashboard.add_mutually_exclusive_group()
-    source.add_argument("--db", help="the store (default $TREELLM_DB or ./treellm.duckdb)")
-    source.add_argument("--parquet", nargs="+", metavar="DIR", help="read `treellm export` folders instead")
+    source.add_argument("--db", type=_store_path, help="the store (default $TREELLM_DB or ./treellm.duckdb)")
+    source.add_argument(
+        "--parquet", nargs="+", type=_store_path, metavar="DIR", help="read `treellm export` folders instead"
+    )
     source.add_argument(
         "--clickhouse",
         metavar="URL",
@@ -651,13 +730,15 @@ def _add_dashboard_command(sub: Any) -> None:
         "--clickhouse-table", default="otel_traces", metavar="NAME", help="the spans table (default otel_traces)"
     )
     dashboard.add_argument("--clickhouse-database", metavar="NAME", help=_CLICKHOUSE_DATABASE_HELP)
-    dashboard.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s: loopback)")
+    dashboard.add_argument(
+        "--host", default="127.0.0.1", type=_host, help="address to listen on (default %(default)s: loopback)"
+    )
     dashboard.add_argument("--port", type=int, default=8501, help="port (default %(default)s)")
     dashboard.set_defaults(func=_cmd_dashboard)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="treellm",
         description="Path-local loop detection, tracing and analysis for tree-shaped LLM agents.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -698,14 +779,16 @@ def build_parser() -> argparse.ArgumentParser:
         default="OPENAI_API_KEY",
         help="environment variable holding the API key (default %(default)s)",
     )
-    run.add_argument("--root", default=".", help="the folder the tools may read (default: the current folder)")
-    run.add_argument("--limits", help="a TOML limits file, as `treellm tune` writes it")
+    run.add_argument(
+        "--root", default=".", type=_path, help="the folder the tools may read (default: the current folder)"
+    )
+    run.add_argument("--limits", type=_path, help="a TOML limits file, as `treellm tune` writes it")
     run.add_argument("--branching", choices=["collapse", "fork"], help="how the tree continues after tool calls")
     run.add_argument("--node-budget", type=int, help="most nodes the run may create")
     run.add_argument("--shadow", action="store_true", help="run every call; only report would-be loops")
     run.add_argument("--timeout", type=float, default=60.0, help="seconds per request read (default %(default)s)")
     run.add_argument("--name", default="agent", help="the agent's name in traces (default %(default)s)")
-    run.add_argument("--trace", metavar="FILE.jsonl", help="append the run's spans to an OTLP JSONL file")
+    run.add_argument("--trace", type=_path, metavar="FILE.jsonl", help="append the run's spans to an OTLP JSONL file")
     run.set_defaults(func=_cmd_run)
 
     _add_mcp_proxy_command(sub)
@@ -721,12 +804,12 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog="example:\n  treellm demo\n  treellm demo --runs 500 --no-dashboard",
     )
-    demo.add_argument("--db", help="the store (default $TREELLM_DB or ./treellm.duckdb)")
+    demo.add_argument("--db", type=_store_path, help="the store (default $TREELLM_DB or ./treellm.duckdb)")
     demo.add_argument("--runs", type=int, default=0, help="simulate this many runs instead of the sample traces")
     demo.add_argument("--seed", type=int, default=7, help="seed of the simulation (default %(default)s)")
     demo.add_argument("--no-dashboard", action="store_true", help="print the report only (terminals and CI)")
     demo.add_argument("--tree", action="store_true", help="also draw a scripted run's tree in the terminal")
-    demo.add_argument("--host", default="127.0.0.1", help="dashboard address (default %(default)s)")
+    demo.add_argument("--host", default="127.0.0.1", type=_host, help="dashboard address (default %(default)s)")
     demo.add_argument("--port", type=int, default=8501, help="dashboard port (default %(default)s)")
     demo.set_defaults(func=_cmd_demo)
 
@@ -762,7 +845,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except TreeLLMError as exc:
-        print(_plain(f"treellm: error: {exc}"), file=sys.stderr)
+        print(_plain(f"treellm: error: {mask_urls(str(exc))}"), file=sys.stderr)
+        return 1
+    except OSError as exc:  # a file or folder an option names cannot be used; any other propagates
+        named = _option_naming(parser, args, exc.filename)
+        if named is None:
+            raise
+        option, value = named
+        print(_plain(f"treellm: error: {option} {shown(value)}: {exc.strerror or exc}"), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("treellm: interrupted", file=sys.stderr)

@@ -14,7 +14,11 @@ variable is set (``..._ENDPOINT``, ``..._TRACES_ENDPOINT``, and for metrics
 ``..._METRICS_ENDPOINT``), else nothing. The arguments win over the environment:
 ``otlp=`` (both signals) and ``console=`` (spans); ``jsonl=`` and ``duckdb=`` are
 never turned off by it. Any other value is a :class:`~treellm.errors.ConfigError`
-naming the variable, raised before anything is installed.
+naming the variable, raised before anything is installed; so is an OTLP endpoint
+(``otlp=`` or the endpoint variables the chosen exporters read) that is not an
+``http(s)://`` URL with a host, a numeric port and a user and password that
+percent-encode ``/``, ``?`` and ``#``. An endpoint reaches a log line or an error only
+through :func:`treellm.urls.display_url` (its password masked).
 
 Exporter failures are logged and counted by the exporters and the SDK's
 processors; they are never raised into the agent. The OpenTelemetry API lets a
@@ -42,6 +46,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from treellm.errors import ConfigError
 from treellm.exporters.jsonl import OTLPJsonlSpanExporter
 from treellm.telemetry.redaction import Capture, CaptureMode, resolve_capture, set_default_capture
+from treellm.urls import display_url, url_problem
 
 __all__ = ["DEFAULT_SERVICE_NAME", "configure"]
 
@@ -108,6 +113,36 @@ def exporter_plan(otlp: bool | str | None, console: bool | None, environ: Mappin
     )
 
 
+def _env_endpoint(variables: tuple[str, ...]) -> str:
+    """The endpoint the SDK takes from the environment (the most specific variable set), for a log line."""
+    return next((os.environ[name] for name in reversed(variables) if os.environ.get(name)), "the SDK's default")
+
+
+def _endpoint_variables(plan: ExporterPlan) -> list[str]:
+    """The ``OTEL_*`` endpoint variables the SDK's OTLP exporters of ``plan`` read."""
+    wanted: list[str] = []
+    if "otlp" in plan.traces:
+        wanted += _OTLP_ENDPOINT_VARS
+    if "otlp" in plan.metrics:
+        wanted += [name for name in _METRICS_ENDPOINT_VARS if name not in wanted]
+    return wanted
+
+
+def check_endpoints(otlp: bool | str | None, plan: ExporterPlan, environ: Mapping[str, str]) -> None:
+    """Refuse an OTLP endpoint that the exporters would misread (``otlp=`` when it is a URL, else
+    the endpoint variables they read), with a :class:`ConfigError` naming it and showing the URL
+    masked (pure). Unchecked, a malformed endpoint fails at each export, and the SDK's log line
+    quotes the password (``http://u:PW#x@host``: ``'u:PW' is not a valid host``)."""
+    if isinstance(otlp, str) and otlp:
+        given = [("otlp", otlp)]
+    else:
+        given = [(name, environ[name]) for name in _endpoint_variables(plan) if environ.get(name)]
+    for setting, url in given:
+        problem = url_problem(url)
+        if problem is not None:
+            raise ConfigError(f"{setting}: {problem}, got {display_url(url)!r}", setting=setting)
+
+
 def _resource(service_name: str | None) -> Resource:
     if service_name is not None:
         return Resource.create({SERVICE_NAME: service_name})
@@ -138,9 +173,10 @@ def configure(
     ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set. ``console``: ``True`` prints spans, ``False``
     does not, ``None`` leaves it to ``OTEL_TRACES_EXPORTER``. ``capture``: ``"redacted"``
     (default), ``"full"`` or ``"none"``; when not given, ``TREELLM_CAPTURE`` decides.
-    Raises :class:`~treellm.errors.ConfigError` for an exporter variable it cannot honour.
+    Raises :class:`~treellm.errors.ConfigError` for an exporter variable or an OTLP endpoint it cannot honour.
     """
     plan = exporter_plan(otlp, console, os.environ)  # first: a bad variable installs nothing
+    check_endpoints(otlp, plan, os.environ)
     set_default_capture(resolve_capture(capture) if capture is not None else None)
     resolve_capture()  # validate TREELLM_CAPTURE now, not at the first span
     resource = _resource(service_name)
@@ -158,6 +194,7 @@ def configure(
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         traces_endpoint = f"{endpoint.rstrip('/')}/v1/traces" if endpoint else None
+        logger.debug("spans go over OTLP to %s", display_url(traces_endpoint or _env_endpoint(_OTLP_ENDPOINT_VARS)))
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_endpoint)))
     if "console" in plan.traces:
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from treellm.errors import ConfigError
+from treellm.urls import host_problem, shown
 
 __all__ = ["DEFAULTS", "CollectorConfig", "journal_folder", "parse_size"]
 
@@ -22,7 +23,8 @@ _MAX_BODY_CEILING = 128 * _MiB
 
 def _expect(setting: str, ok: bool, expected: str, got: object) -> None:
     if not ok:
-        raise ConfigError(f"{setting}: expected {expected}, got {got!r}", setting=setting)
+        raise ConfigError(f"{setting}: expected {expected}, got {shown(got) if isinstance(got, str) else repr(got)}",
+                          setting=setting)  # fmt: skip
 
 
 def _positive_int(setting: str, value: object, *, maximum: int | None = None) -> None:
@@ -65,9 +67,15 @@ class CollectorConfig:
     - ``body_timeout_s``: the deadline on a request's whole body, from its headers to its
       last byte (not per chunk: a client trickling a byte at a time is cut off all the same);
       408 and the connection closed.
-    - ``max_connections``: open connections above this are answered 503 with
-      ``Retry-After`` (as soon as they send their headers) and closed, so the collector keeps
-      file descriptors for its journal, its store and the clients it serves.
+    - ``max_connections``: the most connections held open. At the cap, a new connection
+      closes the oldest idle one (waiting for a request's headers, none under way) and is
+      served; when none is idle it is answered 503 with ``Retry-After`` (as soon as it sends
+      its headers) and closed, except that ``GET /health`` is answered all the same.
+    - ``descriptor_reserve``: file descriptors kept free for the collector's own files (the
+      journal, the store, DuckDB's) and for accepting new peers: at start the cap is lowered
+      to the descriptor limit (``RLIMIT_NOFILE``) minus the descriptors already open minus
+      this reserve, so a flood of half-open connections never leaves ``/health`` or a new
+      client without one.
     """
 
     host: str = "127.0.0.1"
@@ -84,9 +92,11 @@ class CollectorConfig:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     max_connections: int = 256
+    descriptor_reserve: int = 32
 
     def __post_init__(self) -> None:
-        _expect("host", isinstance(self.host, str) and bool(self.host.strip()), "a host name or address", self.host)
+        _expect("host", isinstance(self.host, str) and host_problem(self.host) is None,
+                "a host name or an IP address such as 127.0.0.1, ::1 or localhost", self.host)  # fmt: skip
         port_ok = isinstance(self.port, int) and not isinstance(self.port, bool) and 0 <= self.port <= 65535
         _expect("port", port_ok, "a port number 0-65535", self.port)
         _expect("token", self.token is None or (isinstance(self.token, str) and bool(self.token.strip())),
@@ -98,11 +108,13 @@ class CollectorConfig:
         _positive_int("max_journal_bytes", self.max_journal_bytes)
         _positive_int("retry_after_s", self.retry_after_s)
         _positive_number("drain_timeout_s", self.drain_timeout_s)
-        _expect("journal_dir", self.journal_dir is None or isinstance(self.journal_dir, Path), "a path",
+        _expect("journal_dir", self.journal_dir is None or (isinstance(self.journal_dir, Path) and
+                "\x00" not in str(self.journal_dir)), "a folder path without NUL characters",
                 self.journal_dir)  # fmt: skip
         _positive_number("header_timeout_s", self.header_timeout_s)
         _positive_number("body_timeout_s", self.body_timeout_s)
         _positive_int("max_connections", self.max_connections)
+        _positive_int("descriptor_reserve", self.descriptor_reserve)
 
     def replace(self, **changes: Any) -> CollectorConfig:
         """A copy with ``changes`` applied (``None`` values are ignored: "not given")."""
@@ -145,5 +157,6 @@ def parse_size(text: str, *, setting: str = "size") -> int:
     """``20MiB``, ``4mb``, ``1048576``... as a number of bytes."""
     match = _SIZE.match(text)
     if match is None:
-        raise ConfigError(f"{setting}: expected a size such as 20MiB, 512kB or 1048576, got {text!r}", setting=setting)
+        raise ConfigError(f"{setting}: expected a size such as 20MiB, 512kB or 1048576, got {shown(text)}",
+                          setting=setting)  # fmt: skip
     return int(match.group(1)) * _UNITS[match.group(2).lower()]

@@ -25,15 +25,22 @@ Contract:
   ``header_timeout_s`` after it opened (or after its previous response) is answered 408
   (when it sent part of them) and closed; a body not whole ``body_timeout_s`` after its
   headers is answered 408 and its connection closed (a deadline on the whole body, not per
-  chunk); a connection opened while ``max_connections`` are open is answered 503 with
-  ``Retry-After`` and closed. The collector accepts connections itself
+  chunk). File descriptors are budgeted: at start the connection cap is ``max_connections``
+  lowered to the descriptor limit (``RLIMIT_NOFILE``) minus the descriptors already open
+  minus ``descriptor_reserve`` (:func:`connection_cap`), so connections never take the
+  descriptors the journal, the store and new peers need. A connection opened at the cap
+  closes the oldest idle one (waiting for a request's headers, no request under way; oldest
+  by when it started waiting) and is served; when none is idle it is answered 503 with
+  ``Retry-After`` and closed, except ``GET /health``, which is answered all the same. A flood
+  of half-open connections thus cycles through the budget instead of exhausting it, and
+  ``/health`` and a client that sends its request are served. The collector accepts connections itself
   (:meth:`Collector._accept`, not asyncio's server, which on Python 3.11 retries a failed
   accept up to its backlog of 2048 times per event-loop turn, logging a traceback each
   time): a failed accept (EMFILE, ENFILE: out of file descriptors; ENOBUFS, ENOMEM) pauses
   accepting, 50 ms doubling to 1 s while it keeps failing, and is logged once per burst
   (the first failure, then how many there were once an accept works again,
-  :class:`_Bursts`). The timeouts, refused connections and failed accepts are counted in
-  ``/health``.
+  :class:`_Bursts`). The timeouts, refused connections, closed idle connections and failed
+  accepts are counted in ``/health``, beside the cap and the connections open.
 - ``Authorization`` is compared on the header's raw bytes
   (:func:`~treellm.collector.protocol.bearer_matches`): a UTF-8 token works.
 - :func:`serve` runs a collector until SIGTERM or SIGINT (a second signal stops waiting
@@ -47,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import signal
 import socket
 import threading
@@ -83,6 +91,7 @@ from treellm.errors import ConfigError
 from treellm.store import ingest_file
 from treellm.store.flusher import Flusher, FlusherStats, IngestFn
 from treellm.store.journal import Journal, JournalError, JournalInUseError, JournalStats, Overloaded, Segment
+from treellm.urls import display_url, shown
 
 __all__ = [
     "EXIT_DRAINED",
@@ -129,26 +138,59 @@ class CollectorStats:
     timed_out: int = 0
     over_capacity: int = 0
     accept_errors: int = 0
+    connection_cap: int = 0
+    connections: int = 0
+    evicted: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def _bind(host: str, port: int) -> socket.socket:
+    where = display_url(f"{host}:{port}")
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
         sock = socket.socket(family, kind, proto)
-    except OSError as exc:
-        raise CollectorError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    except (OSError, UnicodeError) as exc:  # UnicodeError: a name IDNA cannot encode
+        raise CollectorError(f"cannot listen on {where}: {getattr(exc, 'strerror', None) or exc}") from exc
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
     except OSError as exc:
         sock.close()
-        raise CollectorError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+        raise CollectorError(f"cannot listen on {where}: {exc.strerror or exc}") from exc
     return sock
+
+
+def connection_cap(max_connections: int, descriptor_limit: int | None, open_descriptors: int, reserve: int) -> int:
+    """The most connections to hold open: ``max_connections``, lowered so that the descriptors
+    open now, the connections and ``reserve`` fit within ``descriptor_limit`` (None: no limit).
+    Below 1 when the limit leaves no room (pure)."""
+    if descriptor_limit is None:
+        return max_connections
+    return min(max_connections, descriptor_limit - open_descriptors - reserve)
+
+
+def _descriptor_limit() -> int | None:
+    """The soft ``RLIMIT_NOFILE`` of this process; None when unlimited or unknown."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def _open_descriptors() -> int:
+    """How many file descriptors this process holds (0 when the system does not list them)."""
+    for folder in ("/proc/self/fd", "/dev/fd"):
+        try:
+            return max(0, len(os.listdir(folder)) - 1)  # less the listing's own descriptor
+        except OSError:
+            continue
+    return 0
 
 
 class _Bursts:
@@ -174,21 +216,46 @@ class _Bursts:
 
 
 class _ConnectionRules:
-    """What every connection of one collector obeys (:class:`_GuardedH11`); its counters."""
+    """What every connection of one collector obeys (:class:`_GuardedH11`), its counters, and
+    the connections waiting for a request's headers, oldest first (the ones closed to make
+    room at the cap). Event loop thread only, but :attr:`max_connections`, set once at start."""
 
     def __init__(self, config: CollectorConfig, over_capacity: ASGIApp) -> None:
         self.max_connections = config.max_connections
         self.header_timeout_s = config.header_timeout_s
         self.over_capacity_app = over_capacity
         self.timed_out = 0
+        self.waiting: dict[_GuardedH11, None] = {}  # insertion order: oldest first
+        self.closing: set[_GuardedH11] = set()  # closed to make room, not yet gone
         self.over_capacity = _Bursts(
-            f"refusing connections above {config.max_connections} open ones with 503 (logged once until one is taken)",
+            "refusing connections above %d open ones with 503, no idle one left to close (logged once until one "
+            "is taken)",
             "taking connections again after refusing %d above the limit",
+        )
+        self.evicted = _Bursts(
+            "at the cap of %d connections: closing the oldest idle one for each new one (logged once until the "
+            "connections fall below the cap)",
+            "below the connection cap again after closing %d idle connection(s)",
         )
         self.accept_errors = _Bursts(
             "cannot accept connections: %s; pausing and retrying (logged once until accepting works again)",
             "accepting connections again after %d failed accept(s)",
         )
+
+    def open(self, connections: set[Any]) -> int:
+        """Connections open, less those closed to make room and not yet gone."""
+        return len(connections) - len(self.closing)
+
+    def make_room(self, newcomer: _GuardedH11) -> bool:
+        """Close the oldest idle connection other than ``newcomer``; whether there was one."""
+        for connection in self.waiting:
+            if connection is not newcomer and connection.idle:
+                del self.waiting[connection]
+                self.closing.add(connection)
+                connection.transport.close()
+                self.evicted.note(self.max_connections)
+                return True
+        return False
 
 
 def _guarded_protocol(rules: _ConnectionRules) -> type[_GuardedH11]:
@@ -208,29 +275,43 @@ class _GuardedH11(H11Protocol):
     _header_timer: asyncio.TimerHandle | None = None
     _heard = False  # bytes received since the header deadline was set
 
+    @property
+    def idle(self) -> bool:
+        """Waiting for a request's headers, none under way (a connection that may be closed to make room)."""
+        return not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete)
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         rules = self._rules
-        if len(self.connections) > rules.max_connections:
-            rules.over_capacity.note()
-            self.app = rules.over_capacity_app
-        else:
+        if rules.open(self.connections) <= rules.max_connections:
             rules.over_capacity.end()
+            rules.evicted.end()
+        elif not rules.make_room(self):
+            rules.over_capacity.note(rules.max_connections)
+            self.app = rules.over_capacity_app
+        rules.waiting[self] = None
         self._set_header_deadline()
 
     def data_received(self, data: bytes) -> None:
         self._heard = True
         super().data_received(data)
+        if not self.idle:  # a request is under way: not to be closed to make room
+            self._rules.waiting.pop(self, None)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if not self.transport.is_closing():
             self._set_header_deadline()
+            if self.idle:  # waiting again (a pipelined request may be under way already)
+                self._rules.waiting.pop(self, None)
+                self._rules.waiting[self] = None
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
+        self._rules.waiting.pop(self, None)
+        self._rules.closing.discard(self)
         super().connection_lost(exc)
 
     def _set_header_deadline(self) -> None:
@@ -273,6 +354,8 @@ class Collector:
     def __init__(
         self, db: str | os.PathLike[str], config: CollectorConfig = DEFAULTS, *, ingest: IngestFn = ingest_file
     ) -> None:
+        if "\x00" in os.fspath(db):
+            raise ConfigError("db: expected a path without NUL characters", setting="db")
         self.db = Path(db)
         self.config = config
         folder = journal_folder(db, config)
@@ -338,6 +421,15 @@ class Collector:
             raise
         if recovered:
             logger.info("replaying %d journal segment(s) left in %s", len(recovered), self.journal.folder)
+        try:
+            self._rules.max_connections = self._connection_cap()
+        except CollectorError:
+            self.journal.close()
+            self.metrics_journal.close()
+            self.metrics_journal.release()
+            self.journal.release()
+            sock.close()
+            raise
         self.flusher.start()
         self._socket = sock
         port = sock.getsockname()[1]
@@ -361,6 +453,20 @@ class Collector:
         if not self.config.loopback and self.config.token is None:
             logger.warning("listening on %s without a token: anyone who reaches it can write spans", self.url)
         logger.info("listening on %s; journal %s; store %s", self.url, self.journal.folder, self.db)
+
+    def _connection_cap(self) -> int:
+        """The cap on open connections within the descriptor budget (the module docstring)."""
+        limit, held, reserve = _descriptor_limit(), _open_descriptors(), self.config.descriptor_reserve
+        cap = connection_cap(self.config.max_connections, limit, held, reserve)
+        if cap < 1:
+            raise CollectorError(
+                f"the file descriptor limit ({limit}) leaves no room for connections: {held} are open and "
+                f"{reserve} are kept in reserve; raise it (ulimit -n) or lower descriptor_reserve"
+            )
+        if cap < self.config.max_connections:
+            logger.info("holding at most %d connections: the descriptor limit is %d, %d are open, %d in reserve",
+                        cap, limit, held, reserve)  # fmt: skip
+        return cap
 
     def _serve(self) -> None:
         try:
@@ -464,6 +570,9 @@ class Collector:
             timed_out=self._rules.timed_out,
             over_capacity=self._rules.over_capacity.total,
             accept_errors=self._rules.accept_errors.total,
+            connection_cap=self._rules.max_connections,
+            connections=self._rules.open(self._server.server_state.connections) if self._server is not None else 0,
+            evicted=self._rules.evicted.total,
         )
 
     # -- HTTP ------------------------------------------------------------------------------------------
@@ -487,10 +596,16 @@ class Collector:
         )
 
     async def _over_capacity(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The application of a connection opened above ``max_connections``: 503, then close."""
-        encoding = request_encoding(Request(scope).headers.get("content-type"))
-        message = f"more than {self.config.max_connections} connections are open: retry later"
-        response = self._error(encoding, 503, message, headers={**self._retry_after, "Connection": "close"})
+        """The application of a connection opened above the cap with no idle one to close:
+        ``GET /health`` is answered, anything else 503; then the connection is closed."""
+        request = Request(scope)
+        if scope["method"] == "GET" and scope["path"] == "/health":
+            response = await self._health(request)
+            response.headers["Connection"] = "close"
+        else:
+            encoding = request_encoding(request.headers.get("content-type"))
+            message = f"more than {self._rules.max_connections} connections are open: retry later"
+            response = self._error(encoding, 503, message, headers={**self._retry_after, "Connection": "close"})
         await response(scope, receive, send)
 
     async def _health(self, request: Request) -> Response:
@@ -607,8 +722,14 @@ def _raw_header(request: Request, name: bytes) -> bytes | None:
     return None
 
 
+_VARIABLE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
+
+
 def token_from_env(variable: str) -> str:
     """The bearer token held by the environment variable ``variable`` (``--token-env``)."""
+    if _VARIABLE.match(variable) is None:
+        raise ConfigError(f"--token-env: expected the name of an environment variable such as TREELLM_TOKEN, got "
+                          f"{shown(variable)}", setting="token")  # fmt: skip
     value = os.environ.get(variable, "").strip()
     if not value:
         raise ConfigError(f"--token-env: ${variable} is not set or empty; it must hold the bearer token",

@@ -21,16 +21,15 @@ Hard rules: both drivers are imported lazily (the DuckDB install never needs the
 ``?`` placeholders become typed server-side parameters (``{p0:String}``), never
 string-formatted values; chDB allows one data folder per process, so one
 ``chdb:PATH`` connection at a time (close it before opening another folder); a URL reaches
-a message or a log only through :func:`display_url`, which masks its password whatever
-the URL's shape.
+a message or a log only through :func:`display_url` (``treellm.urls``, re-exported here),
+which masks its password whatever the URL's shape.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 import pandas as pd
 
@@ -49,6 +48,8 @@ from treellm.store.clickhouse_views import (
 )
 from treellm.store.connection import NotOwnedError
 from treellm.store.engine import Dialect
+from treellm.urls import display_url
+from treellm.urls import scrub as _scrubbed
 
 __all__ = [
     "DEFAULT_DATABASE", "ENV_CLICKHOUSE", "ClickHouseConnection", "NotOwnedError", "check_server_url", "display_url",
@@ -96,32 +97,6 @@ def named_parameters(sql: str, params: Sequence[Any]) -> tuple[str, dict[str, An
     return "".join(out), named
 
 
-# The user and password of a URL: the text between ``scheme://`` (or the start) and the *last* ``@``,
-# whatever it holds (``#``, ``/``, ``:`` or ``@`` included), so a URL that does not parse as
-# expected is masked too: ``http://u:PW#x@host:1``, ``u:PW@host:1``.
-_USERINFO: Final = re.compile(r"^(?P<head>(?:[A-Za-z][A-Za-z0-9+.\-]*://)?)(?P<user>[^:@/]*):(?P<secret>.*)@", re.S)
-_SECRET_PARAMETER: Final = re.compile(
-    r"(?i)([?&;](?:password|passwd|pwd|secret|token|access_token|api_key|key)=)[^&#;]*"
-)
-
-
-def display_url(url: str) -> str:
-    """``url`` with its password (and any password-like query parameter) masked, for messages
-    and logs, whatever the URL's shape: it never parses the URL, so it never fails (pure)."""
-    masked = _USERINFO.sub(lambda m: f"{m['head']}{m['user']}:***@", url, count=1)
-    return _SECRET_PARAMETER.sub(r"\1***", masked)
-
-
-def _scrubbed(text: str, url: str) -> str:
-    """``text`` (a driver's message) with ``url``'s password replaced by ``***`` wherever it appears."""
-    text = text.replace(url, display_url(url))
-    found = _USERINFO.match(url)
-    for secret in {found["secret"], unquote(found["secret"])} if found else set():
-        if secret:
-            text = text.replace(secret, "***")
-    return text
-
-
 def check_server_url(url: str) -> None:
     """Refuse an ``http(s)://`` URL that the driver would misread, with a :class:`ConfigError`
     that shows the URL masked (pure): a ``/``, ``?`` or ``#`` inside the user or password
@@ -140,6 +115,12 @@ def check_server_url(url: str) -> None:
         raise ConfigError(f"expected a port number in the ClickHouse URL, got {display_url(url)!r}") from None
     if not parts.hostname:
         raise ConfigError(f"expected a host in the ClickHouse URL, got {display_url(url)!r}")
+
+
+def _escaped_text(value: str) -> str:
+    """A String parameter as chDB reads it: in ClickHouse's escaped (TSV) format, where ``\\``
+    starts an escape sequence and a raw tab or line feed ends the value (pure)."""
+    return value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
 
 
 def _array_text(values: Sequence[Any]) -> str:
@@ -294,7 +275,8 @@ def _chdb(path: str, table: str, database: str) -> ClickHouseConnection:
         raise StoreError(f"cannot open the chDB folder {path}: {exc}", path=path) from exc
 
     def query(sql: str, params: dict[str, Any]) -> pd.DataFrame:
-        values = {k: _array_text(v) if isinstance(v, list | tuple) else v for k, v in params.items()}
+        values = {k: _array_text(v) if isinstance(v, list | tuple) else _escaped_text(v) if isinstance(v, str) else v
+                  for k, v in params.items()}  # fmt: skip
         frame: pd.DataFrame = session.query(sql, "DataFrame", params=values or None)
         return frame
 
@@ -308,6 +290,12 @@ def _chdb(path: str, table: str, database: str) -> ClickHouseConnection:
         session.query(f"INSERT INTO {target} {_INSERT_FORMAT}\n" + body.decode("utf-8"))
 
     errors: tuple[type[Exception], ...] = (chdb.ChdbError,)
+    try:  # chDB 4's session queries raise chdb._exceptions.ChdbError, which is not chdb.ChdbError
+        from chdb._exceptions import ChdbError as QueryError
+    except ImportError:  # an older chDB: one error class
+        pass
+    else:
+        errors = (chdb.ChdbError, QueryError)
     return ClickHouseConnection(
         query, command, session.close, use=use, insert=insert, errors=errors, table=table, database=database
     )  # a chDB folder's own database is always ``default``
