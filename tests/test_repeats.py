@@ -497,3 +497,15 @@ def test_ingest_counts_a_trajectory_as_the_guard_does(tmp_path_factory: Any, ste
     finally:
         con.close()
     assert stored == guard_ordinals == naive_ordinals(steps)
+
+
+def test_read_only_programs_leave_the_other_parts_writes() -> None:
+    from treellm.engine.repeats import call_targets
+
+    rule = ToolRule(read_only=[r"^python3? test\w*\.py$"])
+    assert not call_targets(rule, "bash", {"command": "python test_x.py"}).changes_state
+    heredoc = call_targets(rule, "bash", {"command": "cat > test_x.py << 'EOF'\nprint(1)\nEOF\npython test_x.py"})
+    assert heredoc.changes_state and heredoc.writes == frozenset({"test_x.py"})
+    # a writer whose targets cannot be named in the same command still writes anything
+    assert call_targets(rule, "bash", {"command": "git stash && python test_x.py"}).writes is None
+    assert call_targets(rule, "bash", {"command": "python fix.py && python test_x.py"}).writes is None

@@ -277,8 +277,9 @@ def _call_targets(rule: ToolRule, tool: str, arguments: object) -> CallTargets:
             return CallTargets(None, None, True)
         found = _shell(command)
         if found.programs and not explicit and all(_read_only(rule, " ".join(p)) for p in found.programs):
-            # every unknown program is read-only by the rule: what is left are the known writes
-            return CallTargets(found.known_reads, found.writes, bool(found.writes))
+            # every unknown program is read-only by the rule: what is left are the other parts' writes
+            left: Paths = None if found.writer_unknown else found.writes
+            return CallTargets(found.known_reads, left, left is None or bool(left))
         if found.effect == "read" and not explicit:
             return CallTargets(found.known_reads, frozenset(), False)
         return CallTargets(found.known_reads, found.known_writes if found.effect != "read" else None, True)

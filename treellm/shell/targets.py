@@ -71,7 +71,8 @@ class CommandTargets:
     ``writes_unknown`` say that more may be (an unknown program, a writer whose
     targets cannot be named). ``writes`` is empty when the effect is ``read``.
     ``programs`` holds the words of each simple command of unknown effect (scripts,
-    test runners), for callers that know more about them.
+    test runners), for callers that know more about them; ``writer_unknown`` says that a
+    part other than those (``git stash``, ``rm $X``) writes targets that cannot be named.
     """
 
     effect: ShellEffect
@@ -80,6 +81,7 @@ class CommandTargets:
     reads_unknown: bool
     writes_unknown: bool
     programs: tuple[tuple[str, ...], ...] = ()
+    writer_unknown: bool = False
 
     @property
     def known_reads(self) -> Paths:
@@ -556,7 +558,7 @@ def command_targets(command: str) -> CommandTargets:
         return CommandTargets(effect, _NOTHING, _NOTHING, True, effect != "read")
     worst: ShellEffect = "read"
     reads = writes = _NOTHING
-    reads_unknown = writes_unknown = False
+    reads_unknown = writes_unknown = writer_unknown = False
     programs: list[tuple[str, ...]] = []
     cwd: str | None = ""
     # commands and file redirections in text order: a pre-order walk, children pushed reversed
@@ -564,6 +566,7 @@ def command_targets(command: str) -> CommandTargets:
     while stack:
         node = stack.pop()
         kind = node.type
+        known = len(programs)
         if kind == "command":
             (effect, r, w), cwd = _command_part(node, cwd, programs)
         elif kind == "file_redirect":
@@ -580,8 +583,9 @@ def command_targets(command: str) -> CommandTargets:
             reads = reads | r if reads else r
         if w is None:
             writes_unknown = True
+            writer_unknown = writer_unknown or len(programs) == known
         elif w:
             writes = writes | w if writes else w
     if worst == "read":
         return CommandTargets(worst, reads, _NOTHING, reads_unknown, False)
-    return CommandTargets(worst, reads, writes, reads_unknown, writes_unknown, tuple(programs))
+    return CommandTargets(worst, reads, writes, reads_unknown, writes_unknown, tuple(programs), writer_unknown)
