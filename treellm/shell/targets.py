@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -138,12 +138,6 @@ def paths_overlap(a: str, b: str) -> bool:
         return _prefix_related(a_parts, b_parts)
     rel, absolute = (a_parts, b_parts) if b_abs else (b_parts, a_parts)
     return any(_prefix_related(absolute[i:], rel) for i in range(len(absolute)))
-
-
-def any_overlap(writes: Iterable[str], reads: Iterable[str]) -> bool:
-    """Whether any written path overlaps any read path."""
-    read_list = tuple(reads)
-    return any(paths_overlap(w, r) for w in writes for r in read_list)
 
 
 # --------------------------------------------------------------------------- per program
