@@ -80,7 +80,7 @@ UINT32_MAX: Final = 2**32 - 1
 # --- the rule table -------------------------------------------------------------------------------
 
 
-RuleKind = Literal["id", "parent", "time", "enum", "text", "not_before"]
+RuleKind = Literal["id", "parent", "time", "enum", "text", "not_before", "unique_keys"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +104,8 @@ class Rule:
             return f"0..{self.bound}"
         if self.kind == "not_before":
             return f"not before {self.bound}"
+        if self.kind == "unique_keys":
+            return "unique keys (a repeated key keeps its last value, recorded on the span)"
         return "a string"
 
 
@@ -120,11 +122,18 @@ SPAN_RULES: Final = (
 )
 """The span's own fields, in the order they are checked."""
 
-EVENT_RULES: Final = (Rule("timeUnixNano", "TRY_CAST(e.timeUnixNano AS BIGINT)", "time", INT64_MAX),)
+EVENT_RULES: Final = (
+    Rule("timeUnixNano", "TRY_CAST(e.timeUnixNano AS BIGINT)", "time", INT64_MAX),
+    Rule("attributes", "e.attributes", "unique_keys"),
+)
 LINK_RULES: Final = (
     Rule("traceId", "lower(l.traceId)", "id", 32),
     Rule("spanId", "lower(l.spanId)", "id", 16),
+    Rule("attributes", "l.attributes", "unique_keys"),
 )
+"""An event's and a link's fields. A repeated attribute key is not refused: the SQL flags it (a
+span's and a resource's are refused by DuckDB's MAP when staged) and the validator keeps the
+last value and records the key on the span."""
 
 _RULE: Final = {(r.field, r.kind): r for r in SPAN_RULES}
 _SQL_COLUMN: Final = {r.field: r.column for r in SPAN_RULES}
@@ -141,6 +150,8 @@ def _sql_condition(rule: Rule) -> str:
         return f"({c} BETWEEN 0 AND {rule.bound})"
     if rule.kind == "not_before":
         return f"({c} >= {_SQL_COLUMN[str(rule.bound)]})"
+    if rule.kind == "unique_keys":  # a NULL key counts as repeated (list_distinct drops it)
+        return f"({c} IS NULL OR len(list_distinct(list_transform({c}, lambda kv: kv.key))) = len({c}))"
     return f"({c} IS NOT NULL)"
 
 

@@ -394,7 +394,10 @@ def _load_stage(con: duckdb.DuckDBPyConnection) -> tuple[int, int, int]:
         raise _Refused(str(exc).split("\n", 1)[0]) from exc
     if flagged is not None:
         raise _Refused(f"span {flagged[1]!r} of trace {flagged[0]!r} breaks a rule of treellm.otlp")
-    new, duplicates = _insert_staged(con)
+    try:  # an event's or link's attributes DuckDB cannot hold as a MAP: the validator decides per line
+        new, duplicates = _insert_staged(con)
+    except (duckdb.InvalidInputException, duckdb.ConversionException) as exc:
+        raise _Refused(str(exc).split("\n", 1)[0]) from exc
     _finish_foreign(con)
     runs = _count(
         con,
