@@ -9,16 +9,25 @@ to send the same spans to any OTLP backend (Jaeger, Tempo, Phoenix, a
 Collector) with no code change, and ``OTEL_TRACES_EXPORTER`` /
 ``OTEL_METRICS_EXPORTER``: a comma-separated list of ``otlp``, ``console`` (the
 SDK's console exporters, to stdout), or ``none`` (no exporter from the
-environment for that signal). Unset, a signal exports OTLP when an OTLP endpoint
-variable is set (``..._ENDPOINT``, ``..._TRACES_ENDPOINT``, and for metrics
-``..._METRICS_ENDPOINT``), else nothing. The arguments win over the environment:
-``otlp=`` (both signals) and ``console=`` (spans); ``jsonl=`` and ``duckdb=`` are
-never turned off by it. Any other value is a :class:`~treellm.errors.ConfigError`
+environment for that signal). Unset, a signal exports OTLP when an endpoint
+variable *for that signal* is set: spans with ``..._ENDPOINT`` or
+``..._TRACES_ENDPOINT``, metrics with ``..._ENDPOINT`` or ``..._METRICS_ENDPOINT``
+(never with the traces endpoint alone: metrics go only where metrics are
+configured, and nothing about metrics is sent or logged otherwise). The arguments
+win over the environment: ``otlp=`` (both signals; ``otlp=True`` leaves metrics
+off when the environment names an endpoint for spans only) and ``console=``
+(spans); ``jsonl=`` and ``duckdb=`` are never turned off by it.
+Any other value is a :class:`~treellm.errors.ConfigError`
 naming the variable, raised before anything is installed; so is an OTLP endpoint
 (``otlp=`` or the endpoint variables the chosen exporters read) that is not an
 ``http(s)://`` URL with a host, a numeric port and a user and password that
 percent-encode ``/``, ``?`` and ``#``. An endpoint reaches a log line or an error only
 through :func:`treellm.urls.display_url` (its password masked).
+
+Each OTLP exporter gives up an export (its retries included) after
+:data:`EXPORT_TIMEOUT_S` seconds, unless ``OTEL_EXPORTER_OTLP_TIMEOUT`` or the
+signal's ``..._TIMEOUT`` variable says otherwise: shutting down with the endpoint
+down ends in about that time, not after the SDK's ten seconds of backoff.
 
 Exporter failures are logged and counted by the exporters and the SDK's
 processors; they are never raised into the agent. The OpenTelemetry API lets a
@@ -54,7 +63,13 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_SERVICE_NAME = "treellm"
 _OTLP_ENDPOINT_VARS: Final = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-_METRICS_ENDPOINT_VARS: Final = (*_OTLP_ENDPOINT_VARS, "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+_METRICS_ENDPOINT_VARS: Final = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+_TIMEOUT_VARS: Final = {
+    "traces": ("OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"),
+    "metrics": ("OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT"),
+}
+EXPORT_TIMEOUT_S: Final = 1.0
+"""Seconds an OTLP exporter spends on one export, retries included, when no ``OTEL_*_TIMEOUT`` says."""
 TRACES_EXPORTER_ENV: Final = "OTEL_TRACES_EXPORTER"
 METRICS_EXPORTER_ENV: Final = "OTEL_METRICS_EXPORTER"
 
@@ -107,10 +122,25 @@ def exporter_plan(otlp: bool | str | None, console: bool | None, environ: Mappin
     if metrics is None:
         metrics = _default(_METRICS_ENDPOINT_VARS, environ)
     wants_otlp = None if otlp is None else bool(otlp)
+    metrics_otlp = wants_otlp
+    if otlp is True and _spans_only_endpoint(environ):
+        metrics_otlp = None  # metrics would go to the SDK's default endpoint: left to OTEL_METRICS_EXPORTER
     return ExporterPlan(
         traces=_overridden(_overridden(traces, "otlp", wants_otlp), "console", console),
-        metrics=_overridden(metrics, "otlp", wants_otlp),
+        metrics=_overridden(metrics, "otlp", metrics_otlp),
     )
+
+
+def _spans_only_endpoint(environ: Mapping[str, str]) -> bool:
+    """Whether the environment names an OTLP endpoint for spans and none for metrics."""
+    spans = any(environ.get(name) for name in _OTLP_ENDPOINT_VARS)
+    return spans and not any(environ.get(name) for name in _METRICS_ENDPOINT_VARS)
+
+
+def export_timeout(signal: Literal["traces", "metrics"], environ: Mapping[str, str]) -> float | None:
+    """The ``timeout=`` to give the signal's OTLP exporter (pure): None when an ``OTEL_*_TIMEOUT``
+    variable is set (the SDK reads it), else :data:`EXPORT_TIMEOUT_S`."""
+    return None if any(environ.get(name) for name in _TIMEOUT_VARS[signal]) else EXPORT_TIMEOUT_S
 
 
 def _env_endpoint(variables: tuple[str, ...]) -> str:
@@ -168,9 +198,10 @@ def configure(
     ``jsonl``: append OTLP/JSON lines to this file (what ``treellm ingest``
     reads). ``duckdb``: write into this treellm store (through an fsync'd journal,
     holding the write lock only per batch). ``otlp``: ``True`` or an endpoint URL sends
-    spans and metrics over OTLP/HTTP (protobuf), ``False`` does not; ``None`` leaves it to
-    ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER``, else sends them when
-    ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set. ``console``: ``True`` prints spans, ``False``
+    spans and metrics over OTLP/HTTP (protobuf), ``False`` does not (``True`` with only
+    ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` set leaves metrics to ``OTEL_METRICS_EXPORTER``);
+    ``None`` leaves it to ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER``, else sends each
+    signal when an endpoint variable for it is set. ``console``: ``True`` prints spans, ``False``
     does not, ``None`` leaves it to ``OTEL_TRACES_EXPORTER``. ``capture``: ``"redacted"``
     (default), ``"full"`` or ``"none"``; when not given, ``TREELLM_CAPTURE`` decides.
     Raises :class:`~treellm.errors.ConfigError` for an exporter variable or an OTLP endpoint it cannot honour.
@@ -195,14 +226,17 @@ def configure(
 
         traces_endpoint = f"{endpoint.rstrip('/')}/v1/traces" if endpoint else None
         logger.debug("spans go over OTLP to %s", display_url(traces_endpoint or _env_endpoint(_OTLP_ENDPOINT_VARS)))
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_endpoint)))
+        span_exporter = OTLPSpanExporter(endpoint=traces_endpoint, timeout=export_timeout("traces", os.environ))
+        provider.add_span_processor(BatchSpanProcessor(span_exporter))
     if "console" in plan.traces:
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
     if "otlp" in plan.metrics:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
         metrics_endpoint = f"{endpoint.rstrip('/')}/v1/metrics" if endpoint else None
-        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=metrics_endpoint)))
+        logger.debug("metrics go over OTLP to %s", display_url(metrics_endpoint or _env_endpoint(_METRICS_ENDPOINT_VARS)))
+        metric_exporter = OTLPMetricExporter(endpoint=metrics_endpoint, timeout=export_timeout("metrics", os.environ))
+        readers.append(PeriodicExportingMetricReader(metric_exporter))
     if "console" in plan.metrics:
         readers.append(PeriodicExportingMetricReader(ConsoleMetricExporter()))
     meter_provider = MeterProvider(resource=resource, metric_readers=readers)
