@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from treellm.store import ingest, open_store
-from treellm.telemetry.conventions import family, parent_call, read_span, unwrap_result
+from treellm.telemetry.conventions import INVOCATION_ROLES, family, parent_call, read_span, unwrap_result
 
 SCHEMA = json.dumps({"type": "object", "properties": {"page": {"type": "integer"}}, "required": ["page"]})
 
@@ -89,10 +89,14 @@ def test_two_identical_langchain_results_compare_equal_despite_their_unique_ids(
 def test_roles_in_order_of_trust() -> None:
     assert read_span("x", {"gen_ai.operation.name": "call_llm"}).role == "llm"
     assert read_span("x", {"openinference.span.kind": "AGENT"}).role == "agent"
-    assert read_span("x", {"openinference.span.kind": "CHAIN"}).role == "other"
+    assert read_span("x", {"openinference.span.kind": "CHAIN"}).role == "workflow"
+    assert read_span("x", {"openinference.span.kind": "RETRIEVER"}).role == "other"
     assert read_span("x", {"openinference.span.kind": "LLM"}).role == "other"  # asked no model
     assert read_span("x", {"openinference.span.kind": "LLM", "llm.token_count.prompt": "3"}).role == "llm"
-    assert read_span("x", {"traceloop.span.kind": "workflow"}).role == "other"
+    assert read_span("x", {"traceloop.span.kind": "workflow"}).role == "workflow"
+    assert read_span("x", {"traceloop.span.kind": "task"}).role == "other"  # a step of a workflow
+    assert read_span("x", {"gen_ai.operation.name": "invoke_workflow"}).role == "workflow"
+    assert {"agent", "workflow"} == INVOCATION_ROLES
     assert read_span("running tool: search", {"logfire.msg": "running tool: search"}).tool_name == "search"
     assert read_span("x", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"}).agent_name == "a"
     assert family({"openinference.span.kind": "TOOL"}) == "openinference"

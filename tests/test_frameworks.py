@@ -8,6 +8,12 @@ calls per tool, exact repeats, productive and wasted, paging, tune verdicts) mus
 the script's truth. The recorded traces under ``tests/data/frameworks/`` (runs 0-4,
 ``tests/frameworks/record.py`` regenerates them) pin the same figures without the
 frameworks, including spans that arrive before their run's root.
+
+The agent shapes of ``harness.SHAPES`` (a hand-written LangGraph ``StateGraph``, a
+subgraph, a supervisor with two sub-agent graphs, an Agents SDK handoff, a smolagents
+managed agent) play the same script: one run per scripted run, whatever the graph
+(``docs/architecture.md``, "Where a run starts"); ``tests/data/frameworks/shapes/`` holds
+their recorded traces.
 """
 
 from __future__ import annotations
@@ -28,16 +34,21 @@ from treellm.telemetry.conventions import read_span
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "frameworks"))
 
-from harness import figures, frameworks, run_driver, scenario_server  # noqa: E402
+from harness import SHAPES, figures, frameworks, run_driver, scenario_server  # noqa: E402
 from scenario import RUNS, TOOL_DOCS, TRUTH, ToolBox, truth_from_script  # noqa: E402
 
 RECORDED = ROOT / "tests" / "data" / "frameworks"
+RECORDED_SHAPES = RECORDED / "shapes"
+RECORDINGS = [RECORDED / f"{n}.pb" for n in sorted({p.stem for p in RECORDED.glob("*.pb")})] + [
+    RECORDED_SHAPES / f"{name}-{shape}.pb" for name, shape in SHAPES
+]
 EXPECTED = {"agents", "langgraph", "llamaindex", "openllmetry", "pydanticai", "smolagents"}
 
 
 def test_every_framework_has_a_driver_and_a_recorded_trace() -> None:
     assert set(frameworks()) == EXPECTED
     assert {p.stem for p in RECORDED.glob("*.pb")} == EXPECTED
+    assert {p.stem for p in RECORDED_SHAPES.glob("*.pb")} == {f"{name}-{shape}" for name, shape in SHAPES}
 
 
 def test_the_stated_truth_is_what_the_script_does() -> None:
@@ -77,6 +88,28 @@ def test_a_framework_through_a_file_counts_like_its_script(name: str, tmp_path: 
     assert verdicts == TRUTH["verdicts"]
 
 
+@pytest.mark.parametrize(("name", "shape"), SHAPES, ids=[f"{n}-{s}" for n, s in SHAPES])
+def test_an_agent_shape_through_the_collector_is_one_run_per_scripted_run(
+    name: str, shape: str, tmp_path: Path
+) -> None:
+    """Nodes named like agents, subgraphs, sub-agents and handoffs start no run of their own;
+    the batch exporter sends each trace's spans in several exports, its root last."""
+    db = tmp_path / "store.duckdb"
+    with scenario_server() as server, Collector(db, CollectorConfig(port=0, flush_interval_s=0.2)) as collector:
+        run_driver(name, server.base_url, otlp_endpoint=collector.url.removesuffix("/v1/traces"), shape=shape)
+    assert _figures(db) == TRUTH
+
+
+@pytest.mark.parametrize(("name", "shape"), SHAPES, ids=[f"{n}-{s}" for n, s in SHAPES])
+def test_an_agent_shape_through_a_file_is_one_run_per_scripted_run(name: str, shape: str, tmp_path: Path) -> None:
+    spans = tmp_path / "spans.pb"
+    with scenario_server() as server:
+        run_driver(name, server.base_url, otlp_file=spans, shape=shape)
+    db = tmp_path / "store.duckdb"
+    assert ingest(db, [spans]).runs == TRUTH["runs"]
+    assert _figures(db) == TRUTH
+
+
 # -- the recorded traces: fast, no framework needed -------------------------------------------------------
 
 
@@ -110,19 +143,33 @@ def _write(path: Path, records: list[TracesData]) -> Path:
 FIVE = truth_from_script(range(5))
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_a_recorded_trace_counts_like_its_script(name: str, tmp_path: Path) -> None:
+def _one_run_per_trace(db: Path) -> None:
+    """Each driver runs one scripted run per trace: every span of a trace is in its one run."""
+    con = open_store(db, read_only=True)
+    try:
+        assert con.execute("SELECT count(DISTINCT trace_id), count(*) FROM runs").fetchone() == (5, 5)
+        split = con.execute(
+            "SELECT count(*) FROM (SELECT trace_id FROM spans GROUP BY trace_id HAVING count(DISTINCT run_id) > 1)"
+        ).fetchone()
+        assert split == (0,)
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: p.stem)
+def test_a_recorded_trace_counts_like_its_script(path: Path, tmp_path: Path) -> None:
     db = tmp_path / "t.duckdb"
-    assert ingest(db, [RECORDED / f"{name}.pb"]).runs == 5
+    assert ingest(db, [path]).runs == 5
     got = _figures(db)
     assert {k: got[k] for k in FIVE} == FIVE
+    _one_run_per_trace(db)
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_spans_that_arrive_before_their_root_join_its_run(name: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: p.stem)
+def test_spans_that_arrive_before_their_root_join_its_run(path: Path, tmp_path: Path) -> None:
     """A batch exporter often sends children first: the roots arrive last, in a second file."""
     children, roots = [], []
-    for record in _records(RECORDED / f"{name}.pb"):
+    for record in _records(path):
         for resource_spans in record.resource_spans:
             for scope_spans in resource_spans.scope_spans:
                 for span in scope_spans.spans:
@@ -139,12 +186,35 @@ def test_spans_that_arrive_before_their_root_join_its_run(name: str, tmp_path: P
     ingest(db, [_write(tmp_path / "roots.pb", roots)])
     got = _figures(db)
     assert {k: got[k] for k in FIVE} == FIVE
+    _one_run_per_trace(db)
     con = open_store(db, read_only=True)
     try:
-        assert con.execute("SELECT count(*) FROM runs").fetchone() == (5,)
         assert con.execute("SELECT count(*) FROM tool_calls WHERE orphan").fetchone() == (0,)
     finally:
         con.close()
+
+
+@pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: p.stem)
+def test_a_trace_whose_first_half_arrives_alone_is_one_run_once_the_rest_arrives(path: Path, tmp_path: Path) -> None:
+    """Two collector batches cut each trace in time order: the first holds no root, the
+    second the rest (its root last); the first placement is provisional, the second final."""
+    spans = [(record, rs, ss, span) for record in _records(path) for rs in record.resource_spans
+             for ss in rs.scope_spans for span in ss.spans]  # fmt: skip
+    ordered = sorted(spans, key=lambda item: item[3].end_time_unix_nano)
+    first, second = ordered[: len(ordered) // 2], ordered[len(ordered) // 2 :]
+    db = tmp_path / "t.duckdb"
+    for number, part in enumerate((first, second)):
+        data = TracesData()
+        for _, rs, ss, span in part:
+            out = data.resource_spans.add()
+            out.resource.CopyFrom(rs.resource)
+            scope = out.scope_spans.add()
+            scope.scope.CopyFrom(ss.scope)
+            scope.spans.add().CopyFrom(span)
+        ingest(db, [_write(tmp_path / f"part{number}.pb", [data])])
+    got = _figures(db)
+    assert {k: got[k] for k in FIVE} == FIVE
+    _one_run_per_trace(db)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

@@ -5,12 +5,14 @@ OpenTelemetry SDK and the OTLP/HTTP exporter but not treellm. Loopback only.
 
     drive.py --base-url http://127.0.0.1:PORT/v1
              (--otlp-endpoint http://127.0.0.1:PORT | --otlp-file PATH | --console-file PATH)
-             [--runs 0-24]
+             [--runs 0-24] [--shape NAME]
 
 - ``--otlp-endpoint``: OTLP/HTTP protobuf to ``<endpoint>/v1/traces`` (``treellm collect``).
 - ``--otlp-file``: the OpenTelemetry Collector file exporter's protobuf framing (each
   ``TracesData`` behind a 4-byte big-endian length).
 - ``--console-file``: the SDK's ``ConsoleSpanExporter`` output (pretty-printed span JSON).
+- ``--shape``: which agent (graph) shape a driver builds, where it offers several (the
+  LangGraph driver: a hand-written graph, a subgraph, a supervisor); ``default`` otherwise.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     out.add_argument("--otlp-file")
     out.add_argument("--console-file")
     parser.add_argument("--runs", default="0-24", help="a range a-b or a comma list")
+    parser.add_argument("--shape", default="default", help="the agent's shape, where the driver offers several")
     args = parser.parse_args(argv)
     text = args.runs
     if "-" in text:

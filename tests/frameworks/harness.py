@@ -29,6 +29,17 @@ def frameworks() -> list[str]:
     return sorted(p.parent.name for p in HERE.glob("*/requirements.txt"))
 
 
+SHAPES: tuple[tuple[str, str], ...] = (
+    ("agents", "handoff"),
+    ("langgraph", "stategraph"),
+    ("langgraph", "subgraph"),
+    ("langgraph", "supervisor"),
+    ("smolagents", "managed"),
+)
+"""(framework, ``--shape``): the agent shapes other than each driver's default, each one
+run per scripted run whatever its graph (see each driver's docstring)."""
+
+
 def _turn(reply: dict[str, Any]) -> Turn:
     if "calls" in reply:
         return Turn(tool_calls=[Call(name, arguments) for name, arguments in reply["calls"]])
@@ -60,10 +71,13 @@ def run_driver(
     otlp_file: Path | None = None,
     console_file: Path | None = None,
     runs: str = "0-24",
+    shape: str = "default",
     timeout: float = 600,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``tests/frameworks/<name>/drive.py``; raises with its output when it fails."""
+    """Run ``tests/frameworks/<name>/drive.py`` (building the agent of ``shape``); raises with
+    its output when it fails."""
     command = [str(framework_python(name)), str(HERE / name / "drive.py"), "--base-url", base_url, "--runs", runs]
+    command += ["--shape", shape]
     if otlp_endpoint:
         command += ["--otlp-endpoint", otlp_endpoint]
     elif otlp_file:

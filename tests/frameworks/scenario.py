@@ -14,7 +14,11 @@ run in that framework's own virtual environment).
 - ``Responder``: the server side. It finds the run from the marker ``[run N]`` in the
   first user message and answers that run's requests in order, one turn each;
   framework-internal final-answer tools (smolagents' ``final_answer``) are used for the
-  last turn when the request offers them.
+  last turn when the request offers them. A request that offers none of the six tools
+  but some other one (an Agents SDK handoff ``transfer_to_...``, a smolagents managed
+  agent) comes from an agent that delegates: its first such request in a run calls that
+  tool once (a handoff with no arguments, a managed agent with the run's task), the next
+  one answers; neither takes a turn of the run.
 - ``TRUTH``: what a correct import of the traces says, counted by hand from ``RUNS``
   and the tools (see the comments), checked against ``truth_from_script()``.
 """
@@ -144,6 +148,7 @@ class Responder:
     """
 
     served: Counter[int] = field(default_factory=Counter)
+    delegated: set[int] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reply(self, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -156,14 +161,23 @@ class Responder:
                     break
         if run is None:
             return {"text": "no run marker"}
-        with self._lock:
-            turn = self.served[run]
-            self.served[run] += 1
-        turns = RUNS[run]
-        if turn < len(turns):
-            return {"calls": [(c.tool, dict(c.arguments)) for c in turns[turn]]}
         answer = f"Done with run {run}."
         names = {t.get("function", {}).get("name") for t in body.get("tools") or () if isinstance(t, Mapping)}
+        delegates = sorted(str(n) for n in names if n and n not in TOOL_DOCS and n != "final_answer")
+        if delegates and not names & TOOL_DOCS.keys():
+            with self._lock:
+                first = run not in self.delegated
+                self.delegated.add(run)
+            if first:
+                tool = delegates[0]
+                return {"calls": [(tool, {} if tool.startswith("transfer_to_") else {"task": task(run)})]}
+        else:
+            with self._lock:
+                turn = self.served[run]
+                self.served[run] += 1
+            turns = RUNS[run]
+            if turn < len(turns):
+                return {"calls": [(c.tool, dict(c.arguments)) for c in turns[turn]]}
         if "final_answer" in names:
             return {"calls": [("final_answer", {"answer": answer})]}
         return {"text": answer}

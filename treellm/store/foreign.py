@@ -61,8 +61,8 @@ DEFAULT_INTERNAL = frozenset(conventions.DEFAULT_INTERNAL_TOOLS)
 _DEFAULT_RULE = repeats.ToolRule()
 """Other frameworks' calls are judged by the default rule: the shell classifier for shell
 tools, the default failure patterns on results (``docs/architecture.md``)."""
-_FOREIGN_OPERATIONS = {"tool": "execute_tool", "llm": "chat", "agent": "invoke_agent"}
-_ROLES = {"execute_tool": "tool", "chat": "llm", "invoke_agent": "agent"}
+_FOREIGN_OPERATIONS = {"tool": "execute_tool", "llm": "chat", "agent": "invoke_agent", "workflow": "invoke_workflow"}
+_ROLES = {operation: role for role, operation in _FOREIGN_OPERATIONS.items()}
 _CAUGHT = "loop:detected"
 _EXCEPTION = (conventions.EXCEPTION_EVENT,)
 

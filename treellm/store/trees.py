@@ -1,12 +1,17 @@
 """Runs, trees and paths of spans from other frameworks (pure; ``docs/architecture.md``).
 
-- **run**: the outermost agent span of its trace. Agent spans nested inside it
-  (sub-agents, graph nodes an instrumentor marks as agents) are not runs. A span whose
-  parent is missing from the trace (or that a converter flagged ``orphan_parent``) joins
-  the trace's run and is flagged; when the trace holds no agent span, the trace root is
-  the run. Several outermost agent spans under a non-agent root (a caller's span running
-  two agents one after the other) are several runs; a span outside every run joins the
-  run whose time window holds its start, else the first run.
+- **run** (``docs/architecture.md``, "Where a run starts"): the framework's own invocation
+  of a whole agent or graph, that is the outermost *invocation* span (role ``agent`` or
+  ``workflow``: an agent, a chain, a graph, a workflow) that holds a model or tool call.
+  Invocations nested inside it (graph nodes, a node an instrumentor marks as an agent
+  because of its name, subgraphs, sub-agents, handoffs) are not runs; spans of other roles
+  above it (an HTTP server span, a caller's span) do not count, so several invocations
+  under one of them are several runs. With no invocation holding a call, the outermost
+  invocations are the runs; with no invocation at all, the trace root. A span whose parent
+  is missing from the trace (or that a converter flagged ``orphan_parent``) is flagged and
+  is a run only when no anchored run exists (then only the first such: the rest of its
+  graph is probably still to come); a span outside every run joins the run whose time
+  window holds its start, else the first run.
 - **path**: the tool calls in time order under the nearest enclosing agent span that
   starts a path (the run's root, or a sub-agent: an agent span whose agent name differs
   from its enclosing agent's); a graph node marked as an agent with the same agent (or no
@@ -35,6 +40,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from treellm.loop import CallKey, Paths, PathSignatures
+from treellm.telemetry.conventions import INVOCATION_ROLES
 
 __all__ = ["Placement", "SpanFacts", "place_trace", "place_traces"]
 
@@ -103,12 +109,20 @@ def _order(span: SpanFacts) -> tuple[int, int, str]:
     return (span.start_ns, -span.end_ns, span.span_id)
 
 
+_INVOKES: frozenset[str] = INVOCATION_ROLES
+_CALLS = frozenset({"llm", "tool"})
+
+
 def _run_roots(
     spans: Sequence[SpanFacts], chains: dict[str, list[SpanFacts]], orphan: dict[str, bool]
 ) -> list[SpanFacts]:
-    """Outermost agent spans; floating ones (a missing parent above them) only when no anchored
-    one exists, and then only the first; with no agent span, the trace root."""
-    outermost = [s for s in spans if s.role == "agent" and all(a.role != "agent" for a in chains[s.span_id][1:])]
+    """The outermost invocations that hold a model or tool call (else every outermost one);
+    floating ones (a missing parent above them) only when no anchored one exists, and then
+    only the first; with no invocation, the trace root."""
+    outermost = [s for s in spans if s.role in _INVOKES and all(a.role not in _INVOKES for a in chains[s.span_id][1:])]
+    if len(outermost) > 1:
+        working = {a.span_id for s in spans if s.role in _CALLS for a in chains[s.span_id]}
+        outermost = [s for s in outermost if s.span_id in working] or outermost
     anchored = sorted((s for s in outermost if not orphan[s.span_id]), key=_order)
     roots = anchored or sorted(outermost, key=_order)[:1]
     if roots:

@@ -18,6 +18,12 @@ attribute names of other instrumentations are spelled. Families, in order of tru
   dict, or its Python repr ``content='...' name='...' tool_call_id='...'``) is the
   ``content`` inside, never the envelope with its unique ids.
 
+Roles: ``tool`` (a tool call), ``llm`` (a model call), ``agent`` (an agent's invocation),
+``workflow`` (the invocation of a chain, graph or workflow: GenAI ``invoke_workflow``,
+OpenInference ``CHAIN``, Traceloop ``workflow``) and ``other``. An agent or a workflow is
+an *invocation*: the outermost invocation of a trace that holds a model or tool call starts
+a run (:mod:`treellm.store.trees`), whatever the framework names its nodes.
+
 Contract: pure functions of a span's name, its attributes as text (the store's
 ``MAP(VARCHAR, VARCHAR)``: scalars as text, arrays and maps as their JSON) and its
 status code. They never raise on odd input: a value that cannot be read is skipped and
@@ -41,6 +47,7 @@ from treellm.telemetry import semconv as sc
 
 __all__ = [
     "AGENT_OPERATIONS",
+    "INVOCATION_ROLES",
     "ARGUMENT_KEYS",
     "CALL_ID_KEYS",
     "DEFAULT_INTERNAL_TOOLS",
@@ -48,6 +55,7 @@ __all__ = [
     "MODEL_KEYS",
     "RESULT_KEYS",
     "TOOL_NAME_KEYS",
+    "WORKFLOW_OPERATIONS",
     "ForeignSpan",
     "Role",
     "family",
@@ -56,7 +64,9 @@ __all__ = [
     "unwrap_result",
 ]
 
-Role = Literal["agent", "llm", "tool", "other"]
+Role = Literal["agent", "workflow", "llm", "tool", "other"]
+INVOCATION_ROLES: Final[frozenset[Role]] = frozenset({"agent", "workflow"})
+"""The roles of a span that invokes an agent, a graph or a workflow (where a run may start)."""
 
 # -- span kind ------------------------------------------------------------------------------
 OPERATION: Final = sc.GEN_AI_OPERATION_NAME
@@ -68,8 +78,10 @@ LOGFIRE_SPAN_TYPE: Final = "logfire.span_type"
 TOOL_OPERATIONS: Final = frozenset({"execute_tool"})
 LLM_OPERATIONS: Final = frozenset({"chat", "text_completion", "generate_content", "call_llm", "completion"})
 AGENT_OPERATIONS: Final = frozenset({"invoke_agent"})
-_OPENINFERENCE_ROLES: Final[Mapping[str, Role]] = {"TOOL": "tool", "LLM": "llm", "AGENT": "agent"}
-_TRACELOOP_ROLES: Final[Mapping[str, Role]] = {"tool": "tool", "agent": "agent"}
+WORKFLOW_OPERATIONS: Final = frozenset({"invoke_workflow"})
+_OPENINFERENCE_ROLES: Final[Mapping[str, Role]] = {"TOOL": "tool", "LLM": "llm", "AGENT": "agent", "CHAIN": "workflow"}
+# A Traceloop ``task`` is a step of a workflow, never the invocation of one.
+_TRACELOOP_ROLES: Final[Mapping[str, Role]] = {"tool": "tool", "agent": "agent", "workflow": "workflow"}
 _TRACELOOP_LLM_TYPE: Final = "llm.request.type"
 _OPENINFERENCE_MODEL_CALL: Final = ("llm.output_messages.", "llm.token_count.")
 # Span names that say the role when no attribute does (pydantic-ai before its GenAI names).
@@ -170,6 +182,8 @@ def _role(name: str, attributes: Mapping[str, str]) -> Role:
         return "llm"
     if operation in AGENT_OPERATIONS:
         return "agent"
+    if operation in WORKFLOW_OPERATIONS:
+        return "workflow"
     role = _OPENINFERENCE_ROLES.get(str(attributes.get(OPENINFERENCE_KIND, "")).upper())
     if role == "llm" and not any(key.startswith(_OPENINFERENCE_MODEL_CALL) for key in attributes):
         return "other"  # an LLM-kind step that asked no model (LlamaIndex's _prepare_chat_with_tools)
@@ -396,4 +410,4 @@ def read_span(
         return ForeignSpan(role="llm", family=fam, model=_first(attributes, MODEL_KEYS), failed=failed)
     if role == "agent":
         return ForeignSpan(role="agent", family=fam, agent_name=_first(attributes, AGENT_NAME_KEYS), failed=failed)
-    return ForeignSpan(role="other", family=fam, failed=failed)
+    return ForeignSpan(role=role, family=fam, failed=failed)

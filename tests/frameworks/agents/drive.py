@@ -2,9 +2,11 @@
 
 Runs in ``.venv-fw/agents``. One agent with the six ``scenario.ToolBox`` tools, on the
 Chat Completions API of the fake server (``--base-url``), one ``Runner.run`` per run
-index, in order. ``OpenAIAgentsInstrumentor`` registers its ``TracingProcessor`` with the
-SDK on the tracer provider of ``driver_common.tracer_provider``; the SDK's default
-processor (which exports to OpenAI's servers) is replaced, so nothing leaves 127.0.0.1.
+index, in order. ``--shape handoff``: each run starts at a triage agent with no tools and
+one handoff to that agent (the model transfers at once, ``scenario.Responder``).
+``OpenAIAgentsInstrumentor`` registers its ``TracingProcessor`` with the SDK on the tracer
+provider of ``driver_common.tracer_provider``; the SDK's default processor (which exports
+to OpenAI's servers) is replaced, so nothing leaves 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -86,6 +88,15 @@ async def drive(args: argparse.Namespace, box: scenario.ToolBox) -> None:
         model=OpenAIChatCompletionsModel(model=MODEL, openai_client=client),
         tools=make_tools(box),
     )
+    if args.shape == "handoff":
+        agent = Agent(
+            name="Triage agent",
+            instructions="Hand the customer to the support agent.",
+            model=OpenAIChatCompletionsModel(model=MODEL, openai_client=client),
+            handoffs=[agent],
+        )
+    elif args.shape != "default":
+        raise SystemExit(f"unknown shape {args.shape!r}")
     config = RunConfig(trace_include_sensitive_data=True)
     for i in args.run_list:
         result = await Runner.run(agent, scenario.task(i), max_turns=MAX_TURNS, run_config=config)

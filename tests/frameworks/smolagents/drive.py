@@ -4,6 +4,9 @@ Runs in ``.venv-fw/smolagents``. The model is ``OpenAIServerModel`` pointed at t
 server (``--base-url``); spans come from OpenInference's ``SmolagentsInstrumentor``.
 One fresh agent per run, no planning step (the server counts requests per run), and the
 run ends with smolagents' own ``final_answer`` tool, which the server calls last.
+``--shape managed``: that agent is the managed agent ``support_agent`` of a manager
+``ToolCallingAgent`` with no tools of its own, which hands it the run's task and then
+answers with its report (``scenario.Responder``).
 """
 
 from __future__ import annotations
@@ -112,8 +115,18 @@ def main() -> int:
                 planning_interval=None,
                 verbosity_level=0,
             )
+            worker = agent
+            if args.shape == "managed":
+                agent.name = "support_agent"
+                agent.description = "Helps a customer with the shop's tools."
+                agent = ToolCallingAgent(
+                    tools=[], model=model, managed_agents=[worker], max_steps=5, planning_interval=None,
+                    verbosity_level=0,
+                )  # fmt: skip
+            elif args.shape != "default":
+                raise SystemExit(f"unknown shape {args.shape!r}")
             answer = agent.run(task(i))
-            steps = sum(1 for s in agent.memory.steps if type(s).__name__ == "ActionStep")
+            steps = sum(1 for s in worker.memory.steps if type(s).__name__ == "ActionStep")
             expected = f"Done with run {i}."
             if answer != expected or steps != len(RUNS[i]) + 1:
                 raise SystemExit(f"run {i}: answer {answer!r} after {steps} steps, expected {expected!r}")
