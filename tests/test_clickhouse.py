@@ -30,6 +30,7 @@ from treellm.cli import main
 from treellm.errors import ConfigError
 from treellm.store import ingest, open_store
 from treellm.store.clickhouse import ClickHouseConnection, display_url, named_parameters, open_clickhouse
+from treellm.store.clickhouse_derive import run_derive
 from treellm.store.clickhouse_ingest import ingest_clickhouse
 from treellm.store.ingest import IngestReport
 
@@ -90,6 +91,7 @@ def _load(folder: Path, name: str, files: list[Path]) -> tuple[Any, ClickHouseCo
     rows = [row for path in files for row in file_rows(path)]
     for start in range(0, len(rows), 5000):
         ch.command(insert_sql(rows[start : start + 5000], ch.table))
+    run_derive(ch, wait_s=0, once=True)  # what `treellm derive` does beside the Collector
     return open_store(db, read_only=True), ch
 
 
@@ -149,7 +151,8 @@ def test_report_and_tune_commands_over_clickhouse_print_what_duckdb_prints(
     samples: tuple[Any, ClickHouseConnection], folder: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     outputs = []
-    clickhouse = ["--clickhouse", f"chdb:{folder / 'chdb'}", "--clickhouse-table", "samples.otel_traces"]
+    clickhouse = ["--clickhouse", f"chdb:{folder / 'chdb'}", "--clickhouse-table", "samples.otel_traces",
+                  "--clickhouse-database", "treellm_samples"]  # fmt: skip
     for source in (["--db", str(folder / "samples.duckdb")], clickhouse):
         assert main(["report", *source, "--format", "json"]) == 0
         assert main(["tune", *source]) == 0

@@ -27,8 +27,9 @@ from treellm.analysis import explorer
 from treellm.cli import main
 from treellm.errors import ConfigError
 from treellm.store import ingest, open_store
-from treellm.store.clickhouse import NotOwnedError, display_url, open_clickhouse, plan_views
-from treellm.store.clickhouse_views import OTEL_TRACES_DDL, SCHEMA_VERSION, VIEW_NAMES
+from treellm.store.clickhouse import NotOwnedError, display_url, open_clickhouse, plan_tables, plan_views
+from treellm.store.clickhouse_derive import run_derive
+from treellm.store.clickhouse_views import OTEL_TRACES_DDL, SCHEMA_VERSION, TABLE_NAMES, VIEW_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = sorted((ROOT / "sample_traces").glob("*.jsonl"))
@@ -113,21 +114,36 @@ def expected(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     con.close()
 
 
+def _objects() -> dict[str, tuple[str, str]]:
+    """treellm's tables and views, as a database of its holds them after a connection."""
+    tables = dict.fromkeys(TABLE_NAMES, ("ReplacingMergeTree", f"treellm:table:{SCHEMA_VERSION}"))
+    return {**tables, **dict.fromkeys(VIEW_NAMES, ("View", f"treellm:view:{SCHEMA_VERSION}"))}
+
+
+@pytest.fixture(scope="module")
+def derived(folder: Folder) -> Folder:
+    """The Collector's spans derived by `treellm derive --once`, as a team's cron job runs it."""
+    assert main(["derive", "--clickhouse", folder.url, "--once", "--wait", "0"]) == 0
+    return folder
+
+
 def test_report_and_tune_leave_the_users_tables_unchanged(
-    folder: Folder, pristine: dict[str, tuple[str, str]], expected: dict[str, Any], capsys: pytest.CaptureFixture[str]
+    derived: Folder, pristine: dict[str, tuple[str, str]], expected: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    folder = derived
+    capsys.readouterr()
     assert main(["report", "--clickhouse", folder.url, "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out) == expected  # read through treellm's views, not the user's tables
     assert main(["tune", "--clickhouse", folder.url]) == 0
     assert capsys.readouterr().out
     assert folder.user_tables() == pristine
-    views = folder.objects("treellm")
-    assert views == {name: ("View", f"treellm:view:{SCHEMA_VERSION}") for name in VIEW_NAMES}
+    assert folder.objects("treellm") == _objects()
 
 
 def test_the_dashboards_data_loading_leaves_the_users_tables_unchanged(
-    folder: Folder, pristine: dict[str, tuple[str, str]], expected: dict[str, Any]
+    derived: Folder, pristine: dict[str, tuple[str, str]], expected: dict[str, Any]
 ) -> None:
+    folder = derived
     from treellm.cli import _dashboard_command, build_parser
 
     _dashboard_command(build_parser().parse_args(["dashboard", "--clickhouse", folder.url]))  # opens, checks
@@ -143,8 +159,9 @@ def test_the_dashboards_data_loading_leaves_the_users_tables_unchanged(
 
 
 def test_ingest_clickhouse_leaves_the_users_tables_unchanged(
-    folder: Folder, pristine: dict[str, tuple[str, str]], capsys: pytest.CaptureFixture[str]
+    derived: Folder, pristine: dict[str, tuple[str, str]], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    folder = derived
     assert main(["ingest", str(TRAJECTORIES), "--clickhouse", folder.url, "--json"]) == 0
     written = json.loads(capsys.readouterr().out)
     assert written["spans"] > 0 and written["runs"] > 0
@@ -196,13 +213,18 @@ def test_treellms_own_views_are_replaced_and_upgraded_on_the_next_connection(
 ) -> None:
     for _ in range(2):
         open_clickhouse(folder.url, database="again").close()
-    folder.run("CREATE OR REPLACE VIEW again.runs AS SELECT 1 AS old COMMENT 'treellm:view:0'")  # an older treellm's
+    folder.run(
+        "CREATE OR REPLACE VIEW again.runs AS SELECT 1 AS old COMMENT 'treellm:view:0'",  # an older treellm's
+        "ALTER TABLE again.treellm_spans DROP COLUMN call_targets",  # a table of a version before that column
+    )
     ch = open_clickhouse(folder.url, database="again")
     try:
+        run_derive(ch, wait_s=0, once=True)
         assert A.report(ch)["runs"] >= expected["runs"]
+        assert ch.df("SELECT count() AS n FROM spans WHERE call_targets IS NOT NULL")["n"][0] > 0
     finally:
         ch.close()
-    assert folder.objects("again") == {name: ("View", f"treellm:view:{SCHEMA_VERSION}") for name in VIEW_NAMES}
+    assert folder.objects("again") == _objects()
 
 
 def test_the_plan_creates_free_names_replaces_treellms_and_refuses_the_rest() -> None:
@@ -213,6 +235,12 @@ def test_the_plan_creates_free_names_replaces_treellms_and_refuses_the_rest() ->
     }  # fmt: skip
     with pytest.raises(NotOwnedError, match=r"t\.nodes belongs to someone else"):
         plan_views("t", {"runs": mine, "nodes": ("ReplacingMergeTree", "")})
+    table = ("ReplacingMergeTree", "treellm:table:1")
+    assert plan_tables("t", {}) == dict.fromkeys(TABLE_NAMES, False)
+    assert plan_tables("t", {"treellm_spans": table}) == {"treellm_spans": True, "treellm_traces": False}
+    for theirs in (("MergeTree", "treellm:table:1"), ("ReplacingMergeTree", ""), ("View", "treellm:view:3")):
+        with pytest.raises(NotOwnedError, match=r"t\.treellm_traces belongs to someone else"):
+            plan_tables("t", {"treellm_spans": table, "treellm_traces": theirs})
 
 
 @pytest.mark.parametrize(

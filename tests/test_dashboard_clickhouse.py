@@ -21,6 +21,7 @@ from treellm.analysis import explorer
 from treellm.cli import _dashboard_command, build_parser
 from treellm.store import ingest, open_store
 from treellm.store.clickhouse import open_clickhouse
+from treellm.store.clickhouse_derive import run_derive
 
 ROOT = Path(__file__).resolve().parent.parent
 VIEWS = ROOT / "dashboard" / "views"
@@ -39,6 +40,7 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     rows = [row for path in FILES for row in file_rows(path)]
     for start in range(0, len(rows), 5000):
         ch.command(insert_sql(rows[start : start + 5000], ch.table))
+    run_derive(ch, wait_s=0, once=True)
     ch.close()
     return db, url
 

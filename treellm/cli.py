@@ -393,6 +393,33 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_derive(args: argparse.Namespace) -> int:
+    from treellm.store.clickhouse import open_clickhouse
+    from treellm.store.clickhouse_derive import DeriveReport, parse_shard, run_derive
+
+    shard = parse_shard(args.shard)
+    if args.wait < 0 or args.interval < 0:
+        raise ConfigError(f"expected --wait and --interval of 0 seconds or more, got {args.wait} and {args.interval}")
+    ch = open_clickhouse(args.clickhouse, table=args.clickhouse_table, database=args.clickhouse_database)
+
+    def show(done: DeriveReport) -> None:
+        if args.json:
+            payload = {k: getattr(done, k) for k in done.__slots__ if k != "bad_records"}
+            print(json.dumps({**payload, "bad_records": len(done.bad_records)}), flush=True)
+        elif done.traces or args.once or done.due:
+            print(done.line(), flush=True)
+        for bad in done.bad_records[:20]:
+            print(f"treellm: skipped a bad span: {bad.reason}", file=sys.stderr)
+
+    try:
+        run_derive(ch, shard=shard, wait_s=args.wait, once=args.once, interval_s=args.interval, report=show)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        ch.close()
+    return 0
+
+
 def _reader(args: argparse.Namespace) -> Any:
     from treellm.store.connection import open_parquet, open_store
 
@@ -401,8 +428,17 @@ def _reader(args: argparse.Namespace) -> Any:
     clickhouse = args.clickhouse or (None if args.db else settings.get(settings.TREELLM_CLICKHOUSE))
     if clickhouse:
         from treellm.store.clickhouse import open_clickhouse
+        from treellm.store.clickhouse_derive import underived
 
-        return open_clickhouse(clickhouse, table=args.clickhouse_table, database=args.clickhouse_database)
+        ch = open_clickhouse(clickhouse, table=args.clickhouse_table, database=args.clickhouse_database)
+        if behind := underived(ch):
+            print(
+                f"treellm: {behind:,} trace(s) in {ch.table} are not derived yet, so this reads without them: run "
+                f"`treellm derive --clickhouse URL --clickhouse-table {args.clickhouse_table} --once` "
+                "(or keep a derive worker running beside the Collector)",
+                file=sys.stderr,
+            )
+        return ch
     return open_store(_db(args), read_only=True)
 
 
@@ -582,6 +618,42 @@ def _add_data_commands(sub: Any) -> None:
     )
     ingest.add_argument("--json", action="store_true", help="print one JSON object with the counts")
     ingest.set_defaults(func=_cmd_ingest)
+
+    derive = _command(
+        sub,
+        "derive",
+        help="derive the spans the Collector wrote into ClickHouse: runs, trees, signatures, repeats",
+        description=(
+            "Read the spans that arrived in the OpenTelemetry Collector's ClickHouse table (treellm's own and "
+            "other frameworks'), derive each trace once its last span is --wait seconds old, and write treellm's "
+            "tables in its ClickHouse database, which report, tune and the dashboard read. A trace that gets a "
+            "late span is derived again. Run it once (--once, e.g. from cron) or as a worker; N workers split "
+            "the traces with --shard 0/N ... N-1/N. Restarting loses and duplicates nothing."
+        ),
+        epilog=(
+            "examples:\n  treellm derive --clickhouse http://localhost:8123 --clickhouse-table otel.otel_traces\n"
+            "  treellm derive --clickhouse chdb:./traces --once --wait 0"
+        ),
+    )
+    derive.add_argument(
+        "--clickhouse", metavar="URL", help="http(s)://user:pass@host:8123 or chdb:PATH (default $TREELLM_CLICKHOUSE)"
+    )
+    derive.add_argument(
+        "--clickhouse-table", default="otel_traces", metavar="NAME", help="the spans table (default otel_traces)"
+    )
+    derive.add_argument("--clickhouse-database", metavar="NAME", help=_CLICKHOUSE_DATABASE_HELP)
+    derive.add_argument("--once", action="store_true", help="derive every trace that is due, then exit")
+    derive.add_argument("--shard", default="0/1", metavar="I/N", help="derive only shard I of N (default 0/1)")
+    derive.add_argument(
+        "--wait", type=float, default=10.0, metavar="SECONDS",
+        help="the quiet window: derive a trace once its last span ended this long ago (default %(default)s)",
+    )  # fmt: skip
+    derive.add_argument(
+        "--interval", type=float, default=2.0, metavar="SECONDS",
+        help="how long a worker sleeps when nothing is due (default %(default)s)",
+    )  # fmt: skip
+    derive.add_argument("--json", action="store_true", help="print one JSON object per pass")
+    derive.set_defaults(func=_cmd_derive)
 
     export = _command(
         sub,

@@ -27,33 +27,43 @@ which masks its password whatever the URL's shape.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+import duckdb
 import pandas as pd
 
 from treellm import settings
 from treellm.errors import ConfigError, MissingExtraError, StoreError
 from treellm.store.clickhouse_views import (
     DEFAULT_TABLE,
+    DERIVED_SPANS,
+    DERIVED_TRACES,
+    EVENT_COLUMNS,
     OTEL_TRACES_DDL,
     SPANS_TABLE_COLUMNS,
+    TABLE_NAMES,
     VIEW_NAMES,
+    Column,
     check_names,
+    clickhouse_type,
     create_view,
+    derived_spans_ddl,
+    derived_traces_ddl,
     is_marked,
     marker,
     view_queries,
 )
-from treellm.store.connection import NotOwnedError
+from treellm.store.connection import NotOwnedError, apply_migrations
 from treellm.store.engine import Dialect
 from treellm.urls import display_url
 from treellm.urls import scrub as _scrubbed
 
 __all__ = [
     "DEFAULT_DATABASE", "ENV_CLICKHOUSE", "ClickHouseConnection", "NotOwnedError", "check_server_url", "display_url",
-    "named_parameters", "open_clickhouse", "plan_views",
+    "named_parameters", "open_clickhouse", "plan_tables", "plan_views", "store_columns",
 ]  # fmt: skip
 
 ENV_CLICKHOUSE: Final = settings.TREELLM_CLICKHOUSE.name
@@ -129,6 +139,43 @@ def _array_text(values: Sequence[Any]) -> str:
     return "[" + ",".join(quoted) + "]"
 
 
+@functools.cache
+def store_columns() -> tuple[Column, ...]:
+    """The columns of the DuckDB store's ``spans`` table, read from a migrated in-memory store:
+    the one definition that ClickHouse's ``treellm_spans`` and ``spans`` view follow."""
+    con = duckdb.connect()
+    try:
+        apply_migrations(con)
+        rows = con.execute("DESCRIBE spans").fetchall()
+    finally:
+        con.close()
+    return tuple((str(name), str(kind), null == "YES") for name, kind, null, *_ in rows)
+
+
+def _not_owned(database: str, name: str, engine: str) -> NotOwnedError:
+    return NotOwnedError(
+        f"the ClickHouse object {database}.{name} belongs to someone else ({engine or 'an object'} "
+        f"without treellm's marker): treellm never replaces it; drop or rename it, or give treellm "
+        f"another database (--clickhouse-database or ${settings.TREELLM_CLICKHOUSE_DATABASE.name})",
+        name=f"{database}.{name}",
+    )
+
+
+def plan_tables(database: str, existing: Mapping[str, tuple[str, str]]) -> dict[str, bool]:
+    """Whether each of treellm's tables in ``database`` is already there (``True``: keep it, add
+    the columns it lacks) or to be created (``False``), given the objects by name as (engine,
+    comment) from ``system.tables`` (pure). A name that holds anything but a table with
+    treellm's marker raises :class:`NotOwnedError` naming it, before anything is touched."""
+    plan: dict[str, bool] = {}
+    for name in TABLE_NAMES:
+        if name in existing:
+            engine, comment = existing[name]
+            if engine != "ReplacingMergeTree" or not is_marked(comment, "table"):
+                raise _not_owned(database, name, engine)
+        plan[name] = name in existing
+    return plan
+
+
 def plan_views(database: str, existing: Mapping[str, tuple[str, str]]) -> dict[str, bool]:
     """Whether to replace (``True``) or create (``False``) each of treellm's views in ``database``,
     given the objects already there by name as (engine, comment) from ``system.tables`` (pure).
@@ -141,12 +188,7 @@ def plan_views(database: str, existing: Mapping[str, tuple[str, str]]) -> dict[s
         if name in existing:
             engine, comment = existing[name]
             if engine != "View" or not is_marked(comment, "view"):
-                raise NotOwnedError(
-                    f"the ClickHouse object {database}.{name} belongs to someone else ({engine or 'an object'} "
-                    f"without treellm's marker): treellm never replaces it; drop or rename it, or give treellm "
-                    f"another database (--clickhouse-database or ${settings.TREELLM_CLICKHOUSE_DATABASE.name})",
-                    name=f"{database}.{name}",
-                )
+                raise _not_owned(database, name, engine)
         plan[name] = name in existing
     return plan
 
@@ -169,13 +211,14 @@ class ClickHouseConnection:
         *,
         use: Callable[[str], None],
         insert: Callable[[str, bytes], None],
+        export: Callable[[str, dict[str, Any]], bytes],
         errors: tuple[type[Exception], ...],
         table: str = DEFAULT_TABLE,
         database: str = DEFAULT_DATABASE,
         home: str = "default",
     ) -> None:
         self._query, self._command, self._close, self._use = query, command, close, use
-        self._insert = insert
+        self._insert, self._export = insert, export
         self.errors = errors
         self.table = table if "." in table else f"{home}.{table}"
         self.database = database
@@ -194,11 +237,17 @@ class ClickHouseConnection:
         """Run one statement that returns nothing (DDL, INSERT)."""
         self._command(sql)
 
-    def insert_json_rows(self, lines: Sequence[str]) -> None:
-        """Insert rows into :attr:`table`: one JSONEachRow text per row, Nested columns as
-        dotted arrays (``Events.Name``), as one batch."""
+    def insert_json_rows(self, lines: Sequence[str], target: str | None = None) -> None:
+        """Insert rows into ``target`` (default :attr:`table`): one JSONEachRow text per row,
+        Nested columns as dotted arrays (``Events.Name``), as one batch."""
         if lines:
-            self._insert(self.table, "\n".join(lines).encode("utf-8"))
+            self._insert(target or self.table, "\n".join(lines).encode("utf-8"))
+
+    def export_rows(self, sql: str, params: Sequence[Any] = ()) -> bytes:
+        """The rows of a query as JSONEachRow bytes (one JSON object a line), 64-bit integers
+        unquoted, in no particular database: every name in ``sql`` is qualified."""
+        text, named = named_parameters(sql, params)
+        return self._export(text, named)
 
     def _rows(self, sql: str, params: Sequence[Any]) -> pd.DataFrame:
         """A query on the system tables, in no particular database."""
@@ -225,14 +274,16 @@ class ClickHouseConnection:
             )
 
     def attach(self, *, create_table: bool = False) -> None:
-        """Create or upgrade treellm's views over :attr:`table` in :attr:`database` (created
-        if absent), and the spans table itself with the exporter's DDL when ``create_table``
-        (for a chDB folder that no Collector writes); both only where nothing else stands.
+        """Create or upgrade treellm's tables and views in :attr:`database` (created if absent)
+        beside :attr:`table`, and the spans table itself with the exporter's DDL when
+        ``create_table`` (for a chDB folder that no Collector writes); each only where nothing
+        else stands. A table of treellm's from an older version gets the columns it lacks.
 
-        Raises :class:`NotOwnedError` when a view's name in :attr:`database` holds an object
-        that is not treellm's, and :class:`StoreError` when :attr:`table` is missing or holds
-        no spans; nothing is replaced then."""
-        queries = view_queries(self.table, self.database)  # validates the names first
+        Raises :class:`NotOwnedError` when a name in :attr:`database` holds an object that is
+        not treellm's, and :class:`StoreError` when :attr:`table` is missing or holds no spans;
+        nothing is replaced then."""
+        columns = store_columns()
+        queries = view_queries(self.table, self.database, columns)  # validates the names first
         if create_table:
             table_database = self.table.partition(".")[0]
             if not self._has_database(table_database):
@@ -244,12 +295,35 @@ class ClickHouseConnection:
             self._command(f"CREATE DATABASE IF NOT EXISTS {self.database} COMMENT '{marker('database')}'")
         found = self._rows(
             "SELECT name, engine, comment FROM system.tables WHERE database = ? AND has(?, name)",
-            [self.database, list(VIEW_NAMES)],
+            [self.database, [*TABLE_NAMES, *VIEW_NAMES]],
         )
         rows = zip(found["name"], found["engine"], found["comment"], strict=True)
         existing = {str(name): (str(engine), str(comment)) for name, engine, comment in rows}
-        for name, replace in plan_views(self.database, existing).items():
+        tables = plan_tables(self.database, existing)
+        views = plan_views(self.database, existing)  # both plans before anything is touched
+        self._command(derived_spans_ddl(self.database, columns))
+        self._command(derived_traces_ddl(self.database))
+        if tables[DERIVED_SPANS]:
+            self._add_missing_columns(columns)
+        for name, replace in views.items():
             self._command(create_view(self.database, name, queries[name], replace=replace))
+
+    def _add_missing_columns(self, columns: Sequence[Column]) -> None:
+        """An older ``treellm_spans`` gets the store's columns it lacks (NULL in its old rows)."""
+        found = self._rows(
+            "SELECT name FROM system.columns WHERE database = ? AND table = ?", [self.database, DERIVED_SPANS]
+        )
+        have = set(found["name"])
+        wanted = [(n, clickhouse_type(k, nullable=True)) for n, k, _ in columns] + list(EVENT_COLUMNS)
+        for name, kind in wanted:
+            if name not in have:
+                self._command(f"ALTER TABLE {self.database}.{DERIVED_SPANS} ADD COLUMN IF NOT EXISTS `{name}` {kind}")
+
+    def derived(self, name: str) -> str:
+        """The qualified name of one of treellm's tables (``treellm_spans``, ``treellm_traces``)."""
+        if name not in (DERIVED_SPANS, DERIVED_TRACES):
+            raise ValueError(f"expected one of treellm's tables {TABLE_NAMES}, got {name!r}")
+        return f"{self.database}.{name}"
 
     def close(self) -> None:
         if not self._closed:
@@ -260,6 +334,7 @@ class ClickHouseConnection:
 # JSONEachRow with Nested columns written as dotted arrays (``Events.Name``), as the exporter's rows.
 _INSERT_SETTINGS: Final = {"input_format_import_nested_json": 1}
 _INSERT_FORMAT: Final = "SETTINGS input_format_import_nested_json = 1 FORMAT JSONEachRow"
+_EXPORT_SETTINGS: Final = "output_format_json_quote_64bit_integers = 0"
 
 
 def _chdb(path: str, table: str, database: str) -> ClickHouseConnection:
@@ -289,6 +364,13 @@ def _chdb(path: str, table: str, database: str) -> ClickHouseConnection:
     def insert(target: str, body: bytes) -> None:
         session.query(f"INSERT INTO {target} {_INSERT_FORMAT}\n" + body.decode("utf-8"))
 
+    def export(sql: str, params: dict[str, Any]) -> bytes:
+        values = {k: _array_text(v) if isinstance(v, list | tuple) else _escaped_text(v) if isinstance(v, str) else v
+                  for k, v in params.items()}  # fmt: skip
+        result: Any = session.query(f"{sql}\nSETTINGS {_EXPORT_SETTINGS}", "JSONEachRow", params=values or None)
+        data: bytes = result.bytes()
+        return data
+
     errors: tuple[type[Exception], ...] = (chdb.ChdbError,)
     try:  # chDB 4's session queries raise chdb._exceptions.ChdbError, which is not chdb.ChdbError
         from chdb._exceptions import ChdbError as QueryError
@@ -297,7 +379,15 @@ def _chdb(path: str, table: str, database: str) -> ClickHouseConnection:
     else:
         errors = (chdb.ChdbError, QueryError)
     return ClickHouseConnection(
-        query, command, session.close, use=use, insert=insert, errors=errors, table=table, database=database
+        query,
+        command,
+        session.close,
+        use=use,
+        insert=insert,
+        export=export,
+        errors=errors,
+        table=table,
+        database=database,
     )  # a chDB folder's own database is always ``default``
 
 
@@ -327,8 +417,14 @@ def _server(url: str, table: str, database: str) -> ClickHouseConnection:
     def insert(target: str, body: bytes) -> None:
         client.raw_insert(target, insert_block=body, settings=_INSERT_SETTINGS, fmt="JSONEachRow")
 
+    def export(sql: str, params: dict[str, Any]) -> bytes:
+        data: bytes = client.raw_query(
+            sql, parameters=params or None, settings={"output_format_json_quote_64bit_integers": 0}, fmt="JSONEachRow"
+        )
+        return data
+
     return ClickHouseConnection(
-        query, command, client.close, use=use, insert=insert, errors=(ClickHouseError,), table=table,
+        query, command, client.close, use=use, insert=insert, export=export, errors=(ClickHouseError,), table=table,
         database=database, home=home,
     )  # fmt: skip
 

@@ -1,13 +1,19 @@
-"""``treellm ingest --clickhouse``: files the Collector cannot read, into ``otel_traces``.
+"""``treellm ingest --clickhouse``: files the Collector cannot read, into ClickHouse.
 
 Trajectories, SDK span dumps, OTLP files and other frameworks' traces are read by the
 DuckDB ingest (one validator, the conventions, runs and trees, signatures and ordinals
-with the state-change rule) into a private store in a temporary folder; its spans are
-then written into the ClickHouse table as the Collector's exporter writes rows, each
-carrying what ingest derived as ``treellm.derived.<column>`` attributes and the marker
-``treellm.derived.source`` (the file it came from). The views
-(:mod:`treellm.store.clickhouse_views`) read a marked row's columns from those attributes
-only, so ClickHouse reports exactly what DuckDB reports for the same files.
+with the state-change rule, the redaction of other frameworks' values) into a private store
+in a temporary folder. Then, for the traces with a span new to ClickHouse:
+
+1. the new spans go into the spans table as the Collector's exporter writes rows (treellm's
+   own spans with their promoted attributes written back: the raw span, as sent);
+2. their traces' derived rows go into ``treellm_spans``
+   (:func:`treellm.store.clickhouse_derive.write_derived`, as ``treellm derive`` writes them),
+   and the traces' span counts into ``treellm_traces``, so a derive worker takes them for
+   derived. Should more spans of such a trace reach the spans table later, the worker derives
+   it again from what the table holds (for other frameworks' spans: their redacted copy).
+
+So ClickHouse reports exactly what DuckDB reports for the same files.
 
 Hard rules: the rows are built by DuckDB (``to_json`` per span, events and links as the
 exporter's Nested arrays), never span by span in Python; a span already in the table
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Final
@@ -26,8 +33,9 @@ from typing import Final
 import duckdb
 
 from treellm.store.clickhouse import ClickHouseConnection
-from treellm.store.clickhouse_views import DERIVED_COLUMNS, DERIVED_PREFIX, SOURCE_KEY
+from treellm.store.clickhouse_derive import Shard, record_traces, timestamp_sql, write_derived
 from treellm.store.ingest import IngestReport, InputFormatChoice, ingest
+from treellm.store.transform import WRITTEN_BACK
 
 __all__ = ["ingest_clickhouse", "rows_sql"]
 
@@ -35,34 +43,26 @@ BATCH_SPANS: Final = 5000
 _TRACE_CHUNK: Final = 1000
 
 
-def _timestamp(ns: str) -> str:
-    """DuckDB text of a ClickHouse ``DateTime64(9)`` for the nanoseconds ``ns`` (UTC)."""
-    return (
-        f"strftime(make_timestamp({ns} // 1000), '%Y-%m-%d %H:%M:%S') || '.' "
-        f"|| lpad(CAST({ns} % 1000000000 AS VARCHAR), 9, '0')"
-    )
-
-
-def _text(column: str, kind: str) -> str:
-    if kind == "bool":
-        return f"CASE WHEN s.{column} THEN 'true' WHEN NOT s.{column} THEN 'false' END"
-    return f"CAST(s.{column} AS VARCHAR)"
-
-
 def rows_sql() -> str:
-    """One JSONEachRow line per span of the DuckDB store not in ``existing(trace_id, span_id)``
-    (pure: SQL text)."""
+    """One JSONEachRow line per span of the DuckDB store not in ``existing(trace_id, span_id)``,
+    as the exporter writes it (pure: SQL text). treellm's own spans get back the attributes
+    that ingest promoted to columns (it keeps them out of ``attributes``)."""
     entries = ", ".join(
-        f"struct_pack(k := '{DERIVED_PREFIX}{c}', v := {_text(c, kind)})" for c, kind in DERIVED_COLUMNS.items()
+        f"struct_pack(k := '{key}', v := CAST(s.{column} AS VARCHAR))"
+        if column != "shadow_caught"
+        else f"struct_pack(k := '{key}', v := CASE WHEN s.{column} THEN 'true' WHEN NOT s.{column} THEN 'false' END)"
+        for column, key in WRITTEN_BACK.items()
     )
-    derived = (
-        f"map_from_entries(list_filter([struct_pack(k := '{SOURCE_KEY}', v := coalesce(s.source, '')), {entries}], "
-        "lambda e: e.v IS NOT NULL))"
+    own = f"map_from_entries(list_filter([{entries}], lambda e: e.v IS NOT NULL))"
+    attributes = (
+        "CASE WHEN s.run_id IS NOT NULL AND s.convention IS NULL "
+        f"THEN map_concat(coalesce(s.attributes, MAP {{}}::MAP(VARCHAR, VARCHAR)), {own}) "
+        "ELSE coalesce(s.attributes, MAP {}::MAP(VARCHAR, VARCHAR)) END"
     )
     return f"""
 WITH ev AS (
     SELECT trace_id, span_id,
-        list({_timestamp("coalesce(e.time_ns, 0)")} ORDER BY event_index) AS times,
+        list({timestamp_sql("coalesce(e.time_ns, 0)")} ORDER BY event_index) AS times,
         list(e.name ORDER BY event_index) AS names,
         list(coalesce(e.attributes, MAP {{}}::MAP(VARCHAR, VARCHAR)) ORDER BY event_index) AS attrs
     FROM span_events e GROUP BY trace_id, span_id
@@ -74,7 +74,7 @@ lk AS (
     FROM span_links l GROUP BY trace_id, span_id
 )
 SELECT to_json(struct_pack(
-    "Timestamp" := {_timestamp("s.start_ns")},
+    "Timestamp" := {timestamp_sql("s.start_ns")},
     "TraceId" := s.trace_id, "SpanId" := s.span_id, "ParentSpanId" := coalesce(s.parent_span_id, ''),
     "TraceState" := '', "SpanName" := s.name,
     "SpanKind" := CASE s.kind WHEN 1 THEN 'Internal' WHEN 2 THEN 'Server' WHEN 3 THEN 'Client'
@@ -82,7 +82,7 @@ SELECT to_json(struct_pack(
     "ServiceName" := s.service_name,
     "ResourceAttributes" := coalesce(s.resource_attributes, MAP {{}}::MAP(VARCHAR, VARCHAR)),
     "ScopeName" := coalesce(s.scope_name, ''), "ScopeVersion" := coalesce(s.scope_version, ''),
-    "SpanAttributes" := map_concat(coalesce(s.attributes, MAP {{}}::MAP(VARCHAR, VARCHAR)), {derived}),
+    "SpanAttributes" := {attributes},
     "Duration" := greatest(s.end_ns - s.start_ns, 0),
     "StatusCode" := CASE s.status_code WHEN 1 THEN 'Ok' WHEN 2 THEN 'Error' ELSE 'Unset' END,
     "StatusMessage" := coalesce(s.status_message, ''),
@@ -116,6 +116,21 @@ def _existing(con: duckdb.DuckDBPyConnection, ch: ClickHouseConnection) -> int:
     return count
 
 
+def _counts(ch: ClickHouseConnection, traces: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """Each trace's distinct spans and last span end (ns) in the spans table, now."""
+    counts: dict[str, tuple[int, int]] = {}
+    for start in range(0, len(traces), _TRACE_CHUNK):
+        found = ch.df(
+            "SELECT TraceId AS trace_id, uniqExact(SpanId) AS spans, "
+            "max(toInt64(toUnixTimestamp64Nano(Timestamp)) + toInt64(Duration)) AS last_ns "
+            f"FROM {ch.table} WHERE has(?, TraceId) GROUP BY TraceId",
+            [list(traces[start : start + _TRACE_CHUNK])],
+        )
+        for trace, spans, last in zip(found["trace_id"], found["spans"], found["last_ns"], strict=True):
+            counts[str(trace)] = (int(spans), int(last))
+    return counts
+
+
 def _batches(con: duckdb.DuckDBPyConnection) -> Iterator[list[str]]:
     cursor = con.execute(rows_sql())
     while rows := cursor.fetchmany(BATCH_SPANS):
@@ -142,10 +157,18 @@ def ingest_clickhouse(
                 "SELECT count(*) FROM runs r WHERE NOT EXISTS "
                 "(SELECT 1 FROM existing x WHERE x.trace_id = r.trace_id AND x.span_id = r.span_id)"
             ).fetchone()[0]  # type: ignore[index]
+            touched = [t for (t,) in con.execute(
+                "SELECT DISTINCT trace_id FROM spans s WHERE NOT EXISTS "
+                "(SELECT 1 FROM existing x WHERE x.trace_id = s.trace_id AND x.span_id = s.span_id) ORDER BY 1"
+            ).fetchall()]  # fmt: skip
             written = 0
             for lines in _batches(con):
                 ch.insert_json_rows(lines)
                 written += len(lines)
+            if touched:
+                version = time.time_ns()
+                write_derived(con, ch, touched, version)
+                record_traces(ch, _counts(ch, touched), Shard(), version)
         finally:
             con.close()
     return IngestReport(

@@ -1,66 +1,49 @@
-"""treellm's views in ClickHouse SQL over the Collector exporter's ``otel_traces`` table.
+"""treellm's tables and views in ClickHouse, beside the Collector exporter's ``otel_traces`` table.
 
-The views are the contract: ``spans`` (the promoted-column shape of the DuckDB ``spans``
-table), ``nodes``, ``tool_calls``, ``loop_events`` and ``runs`` have the columns of the
-DuckDB views (``schema.py``, migrations 0004 and 0006), derived inside ClickHouse from
-the exporter's columns (``SpanAttributes`` Map, ``Events`` Nested arrays): nothing is
-pulled into Python. Pure: :func:`view_queries` and :func:`create_view` return SQL text.
+The views are the contract: ``spans`` (the DuckDB store's ``spans`` table, its columns read from
+DuckDB itself), ``nodes``, ``tool_calls``, ``loop_events`` and ``runs`` have the columns of the
+DuckDB views (``schema.py``). Nothing is derived here. ``treellm derive``
+(:mod:`treellm.store.clickhouse_derive`) reads the spans that arrived in ``otel_traces``, derives
+them with the one pipeline that DuckDB ingest runs (the validator, the conventions, runs and
+trees, signatures and ordinals with the state-change rule, the redaction of other frameworks'
+values), and writes the result into two tables of treellm's database:
 
-Hard rules: a Map lookup of a missing key gives ``''`` in ClickHouse, so every optional
-attribute is read through ``mapContains`` (NULL when absent, as in DuckDB); ``runs``
-aggregates with ``join_use_nulls = 1`` so that unmatched LEFT JOIN rows read NULL.
+- ``treellm_spans`` (ReplacingMergeTree): one row per span with the columns of the DuckDB
+  ``spans`` table, its events as arrays, and ``version``: a trace derived again (a late span)
+  replaces its rows, the newest version wins (the ``spans`` view reads it ``FINAL``);
+- ``treellm_traces`` (ReplacingMergeTree): per trace, the distinct spans ``otel_traces`` held
+  when it was derived; a trace whose count changed since is derived again.
 
-Rows written by ``treellm ingest --clickhouse`` (trajectories, SDK dumps, other
-frameworks' traces in files) carry what ingest derived as ``treellm.derived.<column>``
-attributes and the marker ``treellm.derived.source``; a marked row's columns are read
-from those attributes only (:data:`DERIVED_COLUMNS`), so they report what DuckDB
-reports. Not covered: *foreign* spans that the Collector writes itself (other
-frameworks' spans without ``treellm.*`` attributes, sent straight to the Collector):
-their run ids, node trees, signatures and ordinals with the state-change rule need the
-conventions, the canonical argument text and the shell classifier, which are not in
-ClickHouse SQL; they appear in ``spans`` but not in ``runs`` or the repeat analysis.
-treellm's own spans carry their columns as attributes and work fully.
+Pure: :func:`view_queries`, :func:`create_view` and the DDL functions return SQL text.
 
-Ownership: the views live in treellm's own database (``treellm`` unless told otherwise),
-never beside the spans table, and each carries the comment :func:`marker` (``treellm:view:N``,
-N the :data:`SCHEMA_VERSION` of the SQL here). ``clickhouse.py`` replaces an object only when
-its comment says it is treellm's; a name that holds anything else is refused, never replaced.
+Ownership: the tables and views live in treellm's own database (``treellm`` unless told
+otherwise), never beside the spans table, and each carries the comment :func:`marker`
+(``treellm:view:N`` or ``treellm:table:N``, N the :data:`SCHEMA_VERSION` of the SQL here).
+``clickhouse.py`` replaces a view, or adds a table's missing columns, only when its comment says
+it is treellm's; a name that holds anything else is refused, never replaced.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Final
 
 from treellm.errors import ConfigError
-from treellm.store.transform import PROMOTED_KEYS
 
 __all__ = [
-    "DEFAULT_TABLE", "DERIVED_COLUMNS", "DERIVED_PREFIX", "OTEL_TRACES_DDL", "SCHEMA_VERSION", "SOURCE_KEY",
-    "SPANS_TABLE_COLUMNS", "VIEW_NAMES", "check_names", "create_view", "is_marked", "marker", "view_queries",
+    "DEFAULT_TABLE", "DERIVED_SPANS", "DERIVED_TRACES", "EVENT_COLUMNS", "OTEL_TRACES_DDL", "SCHEMA_VERSION",
+    "SPANS_TABLE_COLUMNS", "TABLE_NAMES", "VIEW_NAMES", "Column", "check_names", "clickhouse_type", "create_view",
+    "derived_spans_ddl", "derived_traces_ddl", "is_marked", "marker", "view_queries",
 ]  # fmt: skip
 
 DEFAULT_TABLE: Final = "otel_traces"
-SCHEMA_VERSION: Final = 2
-"""The version of the views' SQL below, in each view's comment: bump it when the SQL changes."""
-# ``treellm ingest --clickhouse`` (``clickhouse_ingest``) writes what ingest derived for a span as
-# these attributes, and marks the row with SOURCE_KEY (the file it came from).
-DERIVED_PREFIX: Final = "treellm.derived."
-SOURCE_KEY: Final = DERIVED_PREFIX + "source"
-
-# The spans table's columns that ingest fills (promoted from attributes for treellm's own
-# spans, derived by the conventions and trees for other frameworks' spans), by type.
-DERIVED_COLUMNS: Final[dict[str, str]] = {
-    "operation": "text", "agent_name": "text", "model": "text", "run_id": "text", "node_id": "text",
-    "node_kind": "text", "node_depth": "int32", "node_parent_id": "text", "node_status": "text",
-    "skill_name": "text", "skill_stack": "text", "tool_name": "text", "tool_call_id": "text",
-    "signature": "text", "ordinal": "int32", "limit_n": "int32", "limit_source": "text", "result_hash": "text",
-    "attempts": "int32", "shadow_caught": "bool", "arguments": "text", "result": "text", "input_tokens": "int64",
-    "output_tokens": "int64", "outcome": "text", "orphan_parent": "text", "earlier_node_ids": "text",
-    "convention": "text", "internal": "bool", "anchor_node_id": "text", "call_digest": "text",
-    "call_targets": "text",
-}  # fmt: skip
+SCHEMA_VERSION: Final = 3
+"""The version of the SQL below, in each object's comment: bump it when the SQL changes."""
+DERIVED_SPANS: Final = "treellm_spans"
+DERIVED_TRACES: Final = "treellm_traces"
+TABLE_NAMES: Final = (DERIVED_SPANS, DERIVED_TRACES)
+"""treellm's tables in its database, created before the views."""
 
 VIEW_NAMES: Final = ("spans", "nodes", "tool_calls", "loop_events", "runs")
 """In creation order: each view reads only the ones before it."""
@@ -120,102 +103,69 @@ CREATE TABLE IF NOT EXISTS {table} (
 """
 
 
-def _a(key: str, m: str = "SpanAttributes") -> str:
-    """The attribute, NULL when absent."""
-    return f"if(mapContains({m}, '{key}'), {m}['{key}'], NULL)"
+_CLICKHOUSE_TYPES: Final = {
+    "VARCHAR": "String", "TINYINT": "Int8", "SMALLINT": "Int16", "INTEGER": "Int32", "BIGINT": "Int64",
+    "BOOLEAN": "Bool", "DATE": "Date", "DOUBLE": "Float64",
+}  # fmt: skip
 
 
-def _co(*keys: str) -> str:
-    return "coalesce(" + ", ".join(_a(k) for k in keys) + ")"
+def clickhouse_type(duckdb_type: str, *, nullable: bool) -> str:
+    """The ClickHouse column type of a DuckDB column of the store (pure): scalars keep their width
+    and nullability, ``MAP(VARCHAR, VARCHAR)`` is a ``Map(String, String)`` (empty for NULL)."""
+    if duckdb_type == "MAP(VARCHAR, VARCHAR)":
+        return "Map(String, String)"
+    try:
+        scalar = _CLICKHOUSE_TYPES[duckdb_type]
+    except KeyError:
+        raise ValueError(f"expected a DuckDB column type with a ClickHouse twin, got {duckdb_type!r}") from None
+    return f"Nullable({scalar})" if nullable else scalar
 
 
-def _boolean(expr: str) -> str:
-    """DuckDB's ``TRY_CAST(x AS BOOLEAN)`` for the spellings OTLP attributes use."""
-    return f"multiIf(lower({expr}) IN ('true', 't', '1'), true, lower({expr}) IN ('false', 'f', '0'), false, NULL)"
+Column = tuple[str, str, bool]
+"""A column of the store's ``spans`` table: (name, DuckDB type, nullable), as ``DESCRIBE spans`` says."""
+
+# What a derived span row carries beyond the store's ``spans`` columns: its events (the loop
+# events' view reads them as arrays, one pass, no join) and the version that ReplacingMergeTree
+# keeps the newest of (the derive pass's start, ns).
+EVENT_COLUMNS: Final = (
+    ("event_names", "Array(String)"), ("event_times", "Array(DateTime64(9))"),
+    ("event_attributes", "Array(Map(String, String))"),
+)  # fmt: skip
 
 
-_MARKED = f"mapContains(SpanAttributes, '{SOURCE_KEY}')"
-_CONVERT: Final[dict[str, Callable[[str], str]]] = {
-    "int32": lambda e: f"toInt32OrNull({e})",
-    "int64": lambda e: f"toInt64OrNull({e})",
-    "bool": _boolean,
-    "text": lambda e: e,
-}
+def derived_spans_ddl(database: str, columns: Sequence[Column]) -> str:
+    """``CREATE TABLE IF NOT EXISTS`` of ``database.treellm_spans``: one row per span with the
+    columns of the store's ``spans`` table (``columns``, read from DuckDB: the one definition),
+    its events, and ``version``; the newest version of a (trace, span) wins (pure)."""
+    body = [f"`{name}` {clickhouse_type(kind, nullable=nullable)}" for name, kind, nullable in columns]
+    body += [f"`{name}` {kind}" for name, kind in EVENT_COLUMNS]
+    body.append("`version` UInt64")
+    lines = ",\n    ".join(body)
+    return (
+        f"CREATE TABLE IF NOT EXISTS {database}.{DERIVED_SPANS} (\n    {lines}\n)\n"
+        "ENGINE = ReplacingMergeTree(version)\nPARTITION BY toYYYYMM(day)\nORDER BY (trace_id, span_id)\n"
+        f"COMMENT '{marker('table')}'"
+    )
 
 
-def _derived(column: str, expression: str) -> str:
-    """``column`` of a row that ``treellm ingest --clickhouse`` wrote: what ingest derived
-    (NULL when it derived nothing), else what the span's own attributes say."""
-    value = _CONVERT[DERIVED_COLUMNS[column]](_a(DERIVED_PREFIX + column))
-    return f"if({_MARKED}, {value}, {expression}) AS {column}"
+def derived_traces_ddl(database: str) -> str:
+    """``CREATE TABLE IF NOT EXISTS`` of ``database.treellm_traces``: per trace, how many distinct
+    spans the spans table held when it was derived (a trace whose count has changed since is
+    derived again), its last span end, the worker's shard and when; the newest version wins (pure)."""
+    return (
+        f"CREATE TABLE IF NOT EXISTS {database}.{DERIVED_TRACES} (\n"
+        "    trace_id String,\n    spans UInt64,\n    last_ns Int64,\n    derived_ns Int64,\n"
+        "    shard String,\n    version UInt64\n)\n"
+        "ENGINE = ReplacingMergeTree(version)\nORDER BY trace_id\n"
+        f"COMMENT '{marker('table')}'"
+    )
 
 
-_INPUT_TOKENS = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt")
-_OUTPUT_TOKENS = ("gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens", "llm.token_count.completion")
-
-
-def _spans(table: str) -> str:
-    promoted = "[" + ", ".join(f"'{k}'" for k in PROMOTED_KEYS) + "]"
-    own = {
-        "operation": _a("gen_ai.operation.name"),
-        "agent_name": _co("gen_ai.agent.name", "agent.name"),
-        "model": _co("gen_ai.request.model", "gen_ai.response.model", "llm.model_name"),
-        "run_id": _a("treellm.run.id"),
-        "node_id": _a("treellm.node.id"),
-        "node_kind": _a("treellm.node.kind"),
-        "node_depth": f"toInt32OrNull({_a('treellm.node.depth')})",
-        "node_parent_id": f"nullIf({_a('treellm.node.parent_id')}, '')",
-        "node_status": _a("treellm.node.status"),
-        "skill_name": _a("treellm.skill.name"),
-        "skill_stack": _a("treellm.node.skill_stack"),
-        "tool_name": f"""coalesce({_a("gen_ai.tool.name")},
-             if(SpanAttributes['gen_ai.operation.name'] = 'execute_tool' AND startsWith(name, 'execute_tool '),
-                substring(name, 14), NULL))""",
-        "tool_call_id": _a("gen_ai.tool.call.id"),
-        "signature": _a("treellm.tool.signature"),
-        "ordinal": f"toInt32OrNull({_a('treellm.tool.ordinal')})",
-        "limit_n": f"toInt32OrNull({_a('treellm.tool.limit')})",
-        "limit_source": _a("treellm.tool.limit_source"),
-        "result_hash": _a("treellm.tool.result_hash"),
-        "attempts": f"toInt32OrNull({_a('treellm.tool.attempts')})",
-        "shadow_caught": _boolean(_a("treellm.tool.shadow_caught")),
-        "arguments": _a("gen_ai.tool.call.arguments"),
-        "result": _a("gen_ai.tool.call.result"),
-        "input_tokens": f"toInt64OrNull({_co(*_INPUT_TOKENS)})",
-        "output_tokens": f"toInt64OrNull({_co(*_OUTPUT_TOKENS)})",
-        "outcome": _a("treellm.run.outcome"),
-        "orphan_parent": _a("treellm.ingest.orphan_parent"),
-        "earlier_node_ids": _a("treellm.tool.earlier_node_ids"),
-        "convention": "CAST(NULL AS Nullable(String))",
-        "internal": "CAST(NULL AS Nullable(Bool))",
-        "anchor_node_id": "CAST(NULL AS Nullable(String))",
-        "call_digest": "CAST(NULL AS Nullable(String))",
-        "call_targets": "CAST(NULL AS Nullable(String))",
-    }
-    columns = ",\n    ".join(_derived(c, own[c]) for c in DERIVED_COLUMNS)
-    attributes = f"""mapFilter((k, v) -> NOT startsWith(k, '{DERIVED_PREFIX}'),
-           if(mapContains(SpanAttributes, 'treellm.run.id'),
-              mapFilter((k, v) -> NOT has({promoted}, k), SpanAttributes), SpanAttributes))"""
+def _spans(database: str, columns: Sequence[Column]) -> str:
+    names = ", ".join(f"`{name}`" for name, _, _ in columns)
     return f"""
-SELECT
-    TraceId AS trace_id, SpanId AS span_id, nullIf(ParentSpanId, '') AS parent_span_id,
-    toString(SpanName) AS name,
-    toInt8(multiIf(SpanKind IN ('Internal', 'SPAN_KIND_INTERNAL'), 1, SpanKind IN ('Server', 'SPAN_KIND_SERVER'), 2,
-                   SpanKind IN ('Client', 'SPAN_KIND_CLIENT'), 3, SpanKind IN ('Producer', 'SPAN_KIND_PRODUCER'), 4,
-                   SpanKind IN ('Consumer', 'SPAN_KIND_CONSUMER'), 5, 0)) AS kind,
-    toInt64(toUnixTimestamp64Nano(Timestamp)) AS start_ns,
-    start_ns + toInt64(Duration) AS end_ns,
-    toInt8(multiIf(StatusCode IN ('Error', 'STATUS_CODE_ERROR'), 2,
-                   StatusCode IN ('Ok', 'STATUS_CODE_OK'), 1, 0)) AS status_code,
-    nullIf(StatusMessage, '') AS status_message,
-    if(ServiceName = '', 'unknown_service', toString(ServiceName)) AS service_name,
-    toDate(Timestamp) AS day,
-    if({_MARKED}, SpanAttributes['{SOURCE_KEY}'], 'clickhouse') AS source,
-    {columns},
-    {attributes} AS attributes,
-    ResourceAttributes AS resource_attributes, ScopeName AS scope_name, ScopeVersion AS scope_version,
-    Events.Name AS event_names, Events.Timestamp AS event_times, Events.Attributes AS event_attributes
-FROM {table}
+SELECT {names}, event_names, event_times, event_attributes
+FROM {database}.{DERIVED_SPANS} FINAL
 """
 
 
@@ -322,8 +272,8 @@ def check_names(table: str, database: str) -> None:
     for kind, value, db in (("table", table, parts[0] if len(parts) == 2 else ""), ("database", database, database)):
         if db.lower() in _SYSTEM_DATABASES:
             raise ConfigError(f"expected a ClickHouse {kind} outside the system databases, got {value!r}")
-    if len(parts) == 2 and parts[0] == database and parts[1] in VIEW_NAMES:
-        raise ConfigError(f"expected a spans table that is not one of treellm's views, got {table!r}")
+    if len(parts) == 2 and parts[0] == database and parts[1] in (*VIEW_NAMES, *TABLE_NAMES):
+        raise ConfigError(f"expected a spans table that is not one of treellm's views or tables, got {table!r}")
 
 
 def marker(kind: str) -> str:
@@ -336,12 +286,13 @@ def is_marked(comment: str, kind: str) -> bool:
     return re.fullmatch(rf"treellm:{re.escape(kind)}:\d+", comment.strip()) is not None
 
 
-def view_queries(table: str, database: str) -> dict[str, str]:
+def view_queries(table: str, database: str, columns: Sequence[Column]) -> dict[str, str]:
     """The SELECT of each of treellm's views, by name in :data:`VIEW_NAMES` order: the views in
-    ``database`` over the spans table ``table`` (qualified: ``db.name``), every name qualified."""
+    ``database`` over its derived tables (``columns``: the store's ``spans`` columns), every name
+    qualified; ``table`` (the spans table they were derived from) is checked, not read."""
     check_names(table, database)
     derived = (body.format(db=database) for body in (_NODES, _TOOL_CALLS, _LOOP_EVENTS, _RUNS))
-    return dict(zip(VIEW_NAMES, (_spans(table), *derived), strict=True))
+    return dict(zip(VIEW_NAMES, (_spans(database, columns), *derived), strict=True))
 
 
 def create_view(database: str, name: str, query: str, *, replace: bool) -> str:

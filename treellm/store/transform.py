@@ -131,6 +131,21 @@ PROMOTED_KEYS: Final = (
 )  # fmt: skip
 _PROMOTED_LIST = "[" + ", ".join(f"'{k}'" for k in PROMOTED_KEYS) + "]"
 
+WRITTEN_BACK: Final = {
+    "operation": sc.GEN_AI_OPERATION_NAME, "agent_name": "gen_ai.agent.name", "model": "gen_ai.request.model",
+    "run_id": sc.RUN_ID, "node_id": sc.NODE_ID, "node_kind": sc.NODE_KIND, "node_depth": sc.NODE_DEPTH,
+    "node_parent_id": sc.NODE_PARENT_ID, "node_status": sc.NODE_STATUS, "skill_name": sc.SKILL_NAME,
+    "skill_stack": sc.NODE_SKILL_STACK, "tool_name": sc.GEN_AI_TOOL_NAME, "tool_call_id": sc.GEN_AI_TOOL_CALL_ID,
+    "signature": sc.TOOL_SIGNATURE, "ordinal": sc.TOOL_ORDINAL, "limit_n": sc.TOOL_LIMIT,
+    "limit_source": sc.TOOL_LIMIT_SOURCE, "result_hash": sc.TOOL_RESULT_HASH, "attempts": sc.TOOL_ATTEMPTS,
+    "shadow_caught": sc.TOOL_SHADOW_CAUGHT, "arguments": sc.GEN_AI_TOOL_CALL_ARGUMENTS,
+    "result": sc.GEN_AI_TOOL_CALL_RESULT, "input_tokens": "gen_ai.usage.input_tokens",
+    "output_tokens": "gen_ai.usage.output_tokens", "outcome": sc.RUN_OUTCOME,
+    "orphan_parent": sc.INGEST_ORPHAN_PARENT, "earlier_node_ids": sc.TOOL_EARLIER_NODE_IDS,
+}  # fmt: skip
+"""The promoted column of treellm's own spans -> the attribute it came from, for writing a stored
+span back out as attributes (``ingest --clickhouse``); read again, each gives the same column."""
+
 
 def stage_sql(read_expression: str) -> str:
     """A SELECT of stage rows (span columns plus ``events`` and ``links`` lists) from a

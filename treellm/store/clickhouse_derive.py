@@ -1,0 +1,351 @@
+"""``treellm derive --clickhouse``: the spans the Collector wrote into ``otel_traces``, derived.
+
+Agents send spans to the OpenTelemetry Collector, whose ClickHouse exporter writes them into
+``otel_traces``: treellm's own spans and other frameworks' (GenAI, OpenInference) alike, raw.
+A derive pass turns them into treellm's tables (``clickhouse_views``) with the one pipeline
+that DuckDB ingest runs, so ClickHouse reports what DuckDB reports for the same spans:
+
+1. **What is due.** Per trace of this worker's shard (``cityHash64(TraceId) % N = i``), the
+   distinct spans in ``otel_traces`` against the count recorded in ``treellm_traces`` when it
+   was last derived. A trace is due when the counts differ (new, or a late span arrived) and
+   its last span ended at least ``wait`` ago (the quiet window, as the Collector's
+   tail-sampling processor waits ``decision_wait``). The recorded counts are the watermark:
+   they live in ClickHouse, so a restarted worker loses and duplicates nothing, and a span
+   that arrives late, whatever its timestamp, re-derives its trace.
+2. **Derive.** The due traces' rows (at most ``batch_spans`` a pass, whole traces) are read
+   as JSONEachRow, turned into OTLP/JSON lines by DuckDB (attribute values as the exporter
+   wrote them: text) and ingested into a private DuckDB store in a temporary folder: the
+   validator (a bad span is skipped and counted), the conventions, runs and trees,
+   signatures and ordinals with the state-change rule, the redaction of other frameworks'
+   values.
+3. **Write.** The derived spans go into ``treellm_spans`` with the pass's ``version`` (a trace
+   derived again replaces its rows: ReplacingMergeTree keeps the newest), then the traces'
+   counts into ``treellm_traces``. A pass that stops half-way leaves traces whose counts
+   were not recorded: the next pass derives them again, and the newer version wins.
+
+``treellm ingest --clickhouse`` writes files' spans into ``otel_traces`` and their derived rows
+with :func:`write_derived` from the same DuckDB ingest, so both roads end in the same tables.
+
+N workers split the traces by shard and share nothing but ClickHouse. Hard rules: every value
+reaches ClickHouse as a typed parameter or JSON rows, never formatted into SQL; the rows
+are built by DuckDB (``to_json``), never span by span in Python.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import duckdb
+
+from treellm.errors import ConfigError
+from treellm.store.clickhouse import ClickHouseConnection
+from treellm.store.clickhouse_views import DERIVED_SPANS, DERIVED_TRACES
+from treellm.store.ingest import BadRecord, ingest
+
+__all__ = [
+    "DeriveReport", "Shard", "derive_once", "derive_rows_sql", "otlp_lines_sql", "parse_shard", "record_traces",
+    "run_derive", "timestamp_sql", "underived", "write_derived",
+]  # fmt: skip
+
+BATCH_SPANS: Final = 100_000
+"""The most spans one pass reads (whole traces; a trace larger than this is read alone)."""
+DEFAULT_WAIT_S: Final = 10.0
+_INSERT_ROWS: Final = 5000
+_LEGACY_PREFIX: Final = "treellm.derived."  # what ingest --clickhouse wrote into otel_traces before 0.x
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """This worker's part of the traces: those with ``cityHash64(TraceId) % count = index``."""
+
+    index: int = 0
+    count: int = 1
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+def parse_shard(text: str) -> Shard:
+    """``"i/N"`` as a :class:`Shard` (pure); a :class:`ConfigError` quoting the text otherwise."""
+    index, sep, count = text.partition("/")
+    if sep and index.isdigit() and count.isdigit() and 0 <= int(index) < int(count):
+        return Shard(int(index), int(count))
+    raise ConfigError(f"expected a shard as INDEX/COUNT with 0 <= INDEX < COUNT, such as 0/2, got {text!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class DeriveReport:
+    """What one pass did, and what it left for the next ones."""
+
+    shard: str
+    traces: int  # derived in this pass
+    spans_read: int  # rows read from the spans table for them
+    spans: int  # derived spans written into treellm_spans
+    runs: int
+    due: int  # traces still due after this pass (over batch_spans)
+    waiting: int  # traces with new spans inside their quiet window
+    lag_s: float  # how long ago the oldest span still to derive ended (0 when none)
+    bad_records: tuple[BadRecord, ...] = ()
+
+    def line(self) -> str:
+        """One summary line for people."""
+        rest = f", {self.due:,} due" if self.due else ""
+        wait = f", {self.waiting:,} in their quiet window" if self.waiting else ""
+        bad = f", {len(self.bad_records):,} bad span(s) skipped" if self.bad_records else ""
+        return (
+            f"shard {self.shard}: derived {self.traces:,} trace(s), {self.spans:,} span(s), {self.runs:,} run(s)"
+            f"{rest}{wait}{bad}; lag {self.lag_s:.1f}s"
+        )
+
+
+def timestamp_sql(ns: str) -> str:
+    """DuckDB text of a ClickHouse ``DateTime64(9)`` for the nanoseconds ``ns`` (UTC)."""
+    return (
+        f"strftime(make_timestamp({ns} // 1000), '%Y-%m-%d %H:%M:%S') || '.' "
+        f"|| lpad(CAST({ns} % 1000000000 AS VARCHAR), 9, '0')"
+    )
+
+
+def derive_rows_sql(columns: Sequence[str]) -> str:
+    """One JSONEachRow line of ``treellm_spans`` per span of the DuckDB store whose trace is in
+    the temp table ``chosen(trace_id)``: the store's columns, its events as arrays, and the
+    ``$version`` parameter (pure: SQL text)."""
+    values = ", ".join(f'"{c}" := s."{c}"' for c in columns)
+    return f"""
+WITH ev AS (
+    SELECT trace_id, span_id,
+        list({timestamp_sql("coalesce(e.time_ns, 0)")} ORDER BY event_index) AS times,
+        list(e.name ORDER BY event_index) AS names,
+        list(coalesce(e.attributes, MAP {{}}::MAP(VARCHAR, VARCHAR)) ORDER BY event_index) AS attrs
+    FROM span_events e SEMI JOIN chosen USING (trace_id) GROUP BY trace_id, span_id
+)
+SELECT to_json(struct_pack({values},
+    "event_names" := coalesce(ev.names, []), "event_times" := coalesce(ev.times, []),
+    "event_attributes" := coalesce(ev.attrs, []), "version" := $version)) AS line
+FROM spans s SEMI JOIN chosen USING (trace_id)
+LEFT JOIN ev USING (trace_id, span_id)
+ORDER BY s.trace_id, s.start_ns, s.span_id
+"""
+
+
+def _lines(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, object]) -> Iterator[list[str]]:
+    cursor = con.execute(sql, params)
+    while rows := cursor.fetchmany(_INSERT_ROWS):
+        yield [line for (line,) in rows]
+
+
+def write_derived(con: duckdb.DuckDBPyConnection, ch: ClickHouseConnection, traces: Sequence[str], version: int) -> int:
+    """Write the DuckDB store's derived spans of ``traces`` into ``treellm_spans`` with ``version``;
+    returns how many. ``con`` is a treellm store that ingest filled."""
+    con.execute("CREATE OR REPLACE TEMP TABLE chosen (trace_id VARCHAR)")
+    con.executemany("INSERT INTO chosen VALUES (?)", [[t] for t in traces])
+    columns = [str(name) for (name, *_) in con.execute("DESCRIBE spans").fetchall()]
+    written = 0
+    for lines in _lines(con, derive_rows_sql(columns), {"version": version}):
+        ch.insert_json_rows(lines, target=ch.derived(DERIVED_SPANS))
+        written += len(lines)
+    return written
+
+
+def record_traces(ch: ClickHouseConnection, counts: dict[str, tuple[int, int]], shard: Shard, version: int) -> None:
+    """Record in ``treellm_traces`` that each trace was derived from ``counts[trace] = (distinct
+    spans, last span end ns)`` of the spans table."""
+    now = time.time_ns()
+    rows = [
+        f'{{"trace_id":"{trace}","spans":{spans},"last_ns":{last},"derived_ns":{now},'
+        f'"shard":"{shard}","version":{version}}}'
+        for trace, (spans, last) in counts.items()
+    ]  # trace ids are hex (the validator's rule, checked by the scan's query)
+    for start in range(0, len(rows), _INSERT_ROWS):
+        ch.insert_json_rows(rows[start : start + _INSERT_ROWS], target=ch.derived(DERIVED_TRACES))
+
+
+def _kv(column: str) -> str:
+    """An exporter Map column as an OTLP/JSON attribute list of string values, minus what older
+    versions of ``ingest --clickhouse`` wrote into it."""
+    return (
+        f"list_transform(list_filter(map_entries({column}), lambda kv: NOT starts_with(kv.key, '{_LEGACY_PREFIX}')), "
+        "lambda kv: {'key': kv.key, 'value': {'stringValue': kv.value}})"
+    )
+
+
+_ROW_COLUMNS: Final = (
+    "{'trace_id': 'VARCHAR', 'span_id': 'VARCHAR', 'parent_span_id': 'VARCHAR', 'trace_state': 'VARCHAR', "
+    "'name': 'VARCHAR', 'kind': 'VARCHAR', 'start_ns': 'BIGINT', 'duration': 'BIGINT', "
+    "'resource': 'MAP(VARCHAR, VARCHAR)', 'scope_name': 'VARCHAR', 'scope_version': 'VARCHAR', "
+    "'attributes': 'MAP(VARCHAR, VARCHAR)', 'status': 'VARCHAR', 'status_message': 'VARCHAR', "
+    "'event_times': 'BIGINT[]', 'event_names': 'VARCHAR[]', 'event_attributes': 'MAP(VARCHAR, VARCHAR)[]', "
+    "'link_traces': 'VARCHAR[]', 'link_spans': 'VARCHAR[]', 'link_states': 'VARCHAR[]', "
+    "'link_attributes': 'MAP(VARCHAR, VARCHAR)[]'}"
+)
+
+
+def otlp_lines_sql(rows_path: str, out_path: str) -> str:
+    """``COPY`` the exporter's rows (JSONEachRow at ``rows_path``, as :func:`_export_sql` reads
+    them) to OTLP/JSON ``TracesData`` lines at ``out_path``: one line per trace, resource and
+    scope; a span written twice (an exporter's retry) once (pure: SQL text)."""
+    kinds = ("Internal", "Server", "Client", "Producer", "Consumer")
+    kind = (
+        "CASE "
+        + " ".join(f"WHEN kind IN ('{k}', 'SPAN_KIND_{k.upper()}') THEN {n}" for n, k in enumerate(kinds, 1))
+        + " ELSE 0 END"
+    )
+    status = (
+        "CASE WHEN status IN ('Error', 'STATUS_CODE_ERROR') THEN 2 WHEN status IN ('Ok', 'STATUS_CODE_OK') THEN 1 "
+        "ELSE 0 END"
+    )
+    quoted = rows_path.replace("'", "''")
+    target = out_path.replace("'", "''")
+    return f"""
+COPY (
+    WITH rows AS (
+        SELECT * FROM read_json('{quoted}', format = 'newline_delimited', columns = {_ROW_COLUMNS})
+        QUALIFY row_number() OVER (PARTITION BY trace_id, span_id ORDER BY start_ns, duration) = 1
+    ),
+    spans AS (
+        SELECT trace_id, to_json(resource) AS resource_key, resource, scope_name, scope_version, start_ns, span_id,
+            {{'traceId': trace_id, 'spanId': span_id, 'parentSpanId': parent_span_id, 'traceState': trace_state,
+              'name': name, 'kind': {kind}, 'startTimeUnixNano': CAST(start_ns AS VARCHAR),
+              'endTimeUnixNano': CAST(start_ns + duration AS VARCHAR), 'attributes': {_kv("attributes")},
+              'events': list_transform(range(1, len(event_names) + 1), lambda i: {{
+                  'timeUnixNano': CAST(event_times[i] AS VARCHAR), 'name': event_names[i],
+                  'attributes': {_kv("event_attributes[i]")}}}),
+              'links': list_transform(range(1, len(link_traces) + 1), lambda i: {{
+                  'traceId': link_traces[i], 'spanId': link_spans[i], 'traceState': link_states[i],
+                  'attributes': {_kv("link_attributes[i]")}}}),
+              'status': {{'code': {status}, 'message': status_message}}}} AS span
+        FROM rows
+    )
+    SELECT [{{'resource': {{'attributes': {_kv("any_value(resource)")}}},
+              'scopeSpans': [{{'scope': {{'name': scope_name, 'version': scope_version}},
+                               'spans': list(span ORDER BY start_ns, span_id)}}]}}] AS "resourceSpans"
+    FROM spans
+    GROUP BY trace_id, resource_key, scope_name, scope_version
+) TO '{target}' (FORMAT json)
+"""
+
+
+def _export_sql(table: str) -> str:
+    """The exporter's rows of the traces in ``{p0}``, as :func:`otlp_lines_sql` reads them."""
+    return f"""
+SELECT TraceId AS trace_id, SpanId AS span_id, ParentSpanId AS parent_span_id, TraceState AS trace_state,
+    toString(SpanName) AS name, toString(SpanKind) AS kind, toInt64(toUnixTimestamp64Nano(Timestamp)) AS start_ns,
+    toInt64(Duration) AS duration, CAST(ResourceAttributes, 'Map(String, String)') AS resource,
+    ScopeName AS scope_name, ScopeVersion AS scope_version, CAST(SpanAttributes, 'Map(String, String)') AS attributes,
+    toString(StatusCode) AS status, StatusMessage AS status_message,
+    arrayMap(t -> toInt64(toUnixTimestamp64Nano(t)), Events.Timestamp) AS event_times,
+    arrayMap(n -> toString(n), Events.Name) AS event_names,
+    arrayMap(m -> CAST(m, 'Map(String, String)'), Events.Attributes) AS event_attributes,
+    Links.TraceId AS link_traces, Links.SpanId AS link_spans, Links.TraceState AS link_states,
+    arrayMap(m -> CAST(m, 'Map(String, String)'), Links.Attributes) AS link_attributes
+FROM {table}
+WHERE has(?, TraceId)
+"""
+
+
+def _due_sql(table: str, database: str) -> str:
+    """Per trace of the shard (``?`` count, ``?`` index), its distinct spans and last end, and the
+    count recorded when it was last derived (0 when never)."""
+    return f"""
+SELECT r.trace_id AS trace_id, r.spans AS spans, r.last_ns AS last_ns, d.done AS done
+FROM (
+    SELECT TraceId AS trace_id, uniqExact(SpanId) AS spans,
+        max(toInt64(toUnixTimestamp64Nano(Timestamp)) + toInt64(Duration)) AS last_ns
+    FROM {table} WHERE cityHash64(TraceId) % ? = ? AND match(TraceId, '^[0-9a-f]{{32}}$')
+    GROUP BY TraceId
+) r
+LEFT JOIN (
+    SELECT trace_id, argMax(spans, version) AS done FROM {database}.{DERIVED_TRACES} GROUP BY trace_id
+) d ON r.trace_id = d.trace_id
+WHERE r.spans != d.done
+ORDER BY r.last_ns, r.trace_id
+"""
+
+
+def underived(ch: ClickHouseConnection) -> int:
+    """How many traces of the spans table treellm's tables lack or hold out of date (any shard,
+    any quiet window): what ``report`` warns about."""
+    found = ch.df(f"SELECT count() AS n FROM ({_due_sql(ch.table, ch.database)})", [1, 0])
+    return int(found["n"][0])
+
+
+def derive_once(
+    ch: ClickHouseConnection,
+    *,
+    shard: Shard = Shard(),
+    wait_s: float = DEFAULT_WAIT_S,
+    batch_spans: int = BATCH_SPANS,
+    now_ns: int | None = None,
+) -> DeriveReport:
+    """One pass: derive the due traces of ``shard`` (at most ``batch_spans`` spans, whole traces)
+    into treellm's tables; ``now_ns`` (default the clock) decides which quiet windows have passed."""
+    now = time.time_ns() if now_ns is None else now_ns
+    version = time.time_ns()
+    due = ch.df(_due_sql(ch.table, ch.database), [shard.count, shard.index])
+    ready_mask = due["last_ns"] <= now - int(wait_s * 1e9)
+    ready, waiting = due[ready_mask], due[~ready_mask]
+    chosen: dict[str, tuple[int, int]] = {}
+    total = 0
+    for trace, spans, last in zip(ready["trace_id"], ready["spans"], ready["last_ns"], strict=True):
+        if chosen and total + int(spans) > batch_spans:
+            break
+        chosen[str(trace)] = (int(spans), int(last))
+        total += int(spans)
+    left = ready.iloc[len(chosen) :]
+    behind = [int(x) for frame in (left, waiting) if len(frame) for x in (frame["last_ns"].min(),)]
+    lag = max(0.0, (now - min(behind)) / 1e9) if behind else 0.0
+    spans_read = written = runs = 0
+    bad: tuple[BadRecord, ...] = ()
+    if chosen:
+        with tempfile.TemporaryDirectory(prefix="treellm-derive-") as folder:
+            rows, otlp, db = (Path(folder) / name for name in ("rows.jsonl", "spans.jsonl", "derive.duckdb"))
+            exported = ch.export_rows(_export_sql(ch.table), [list(chosen)])
+            spans_read = exported.count(b"\n")
+            rows.write_bytes(exported)
+            del exported
+            with duckdb.connect() as con:
+                con.execute(otlp_lines_sql(str(rows), str(otlp)))
+            report = ingest(db, [otlp], "otlp-jsonl", skip_bad=True)
+            bad, runs = report.bad_records, report.runs
+            with duckdb.connect(str(db)) as con:
+                con.execute("UPDATE spans SET source = ?", [ch.table])
+                written = write_derived(con, ch, list(chosen), version)
+        record_traces(ch, chosen, shard, version)
+    return DeriveReport(
+        shard=str(shard), traces=len(chosen), spans_read=spans_read, spans=written, runs=runs, due=len(left),
+        waiting=len(waiting), lag_s=lag, bad_records=bad,
+    )  # fmt: skip
+
+
+def run_derive(
+    ch: ClickHouseConnection,
+    *,
+    shard: Shard = Shard(),
+    wait_s: float = DEFAULT_WAIT_S,
+    batch_spans: int = BATCH_SPANS,
+    once: bool = False,
+    interval_s: float = 1.0,
+    report: Callable[[DeriveReport], None] | None = None,
+    stop: Callable[[], bool] = lambda: False,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[DeriveReport]:
+    """Derive until nothing is due (``once``: every due trace, pass after pass, then return), or
+    forever, sleeping ``interval_s`` when a pass found nothing, until ``stop()``. ``report`` sees
+    each pass; the passes are returned (``once``) or the last one (continuous)."""
+    passes: list[DeriveReport] = []
+    while not stop():
+        done = derive_once(ch, shard=shard, wait_s=wait_s, batch_spans=batch_spans)
+        if report is not None:
+            report(done)
+        passes = [*passes, done] if once else [done]
+        if done.due:
+            continue
+        if once:
+            break
+        sleep(interval_s)
+    return passes
