@@ -15,6 +15,9 @@ Contract:
   lowercase base 36; :func:`signature` is ``f"{tool}:{stable_hash(value)}"``.
 - :func:`arguments_problem` says why arguments are too large to take (nested
   deeper or bigger than the caller's limits) without parsing them, or None.
+- :func:`json_text` is ``json.dumps(value, ensure_ascii=False, separators=(",", ":"))``
+  (keys in their order) for a value of any depth: how already parsed arguments
+  become the text a provider would send, so a deep one is rejected as deep text is.
 
 Hard rules: pure functions, no I/O, no state beyond a constant table of powers.
 No function here recurses on the value: :func:`canonical_json` walks an explicit
@@ -29,9 +32,9 @@ import json
 import math
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 try:  # numpy speeds up djb2 of long texts; the core install works without it
     import numpy as np
@@ -43,6 +46,7 @@ __all__ = [
     "arguments_problem",
     "canonical_json",
     "js_number",
+    "json_text",
     "parse_arguments",
     "signature",
     "stable_hash",
@@ -251,6 +255,69 @@ def canonical_json(value: object) -> str:
     out: list[str] = []
     _write(value, out)
     return "".join(out)
+
+
+# ---------------------------------------------------------------------------
+# JSON text of a parsed value, at any depth
+# ---------------------------------------------------------------------------
+
+_END = object()
+
+
+def _json_key(key: object) -> str:
+    """A mapping key as ``json.dumps`` writes it (its text, before quoting)."""
+    if isinstance(key, str):
+        return key
+    if key is True or key is False or key is None or isinstance(key, int | float):
+        return json.dumps(key)
+    raise TypeError(f"keys must be str, int, float, bool or None, not {type(key).__name__}")
+
+
+def _walk_json(value: object) -> str:
+    """The text of ``json.dumps`` (compact, not ASCII-escaped) with an explicit stack:
+    a dict or a list nested 100,000 deep costs time, never a ``RecursionError``. Raises
+    what ``json.dumps`` raises: ``TypeError`` for a value JSON cannot hold, ``ValueError``
+    for a circular reference."""
+    out: list[str] = []
+    open_ids: set[int] = set()
+    stack: list[tuple[Iterator[Any], bool, int]] = []  # (items, is a dict, id), innermost last
+
+    def enter(item: object) -> None:
+        if not isinstance(item, dict | list | tuple):
+            out.append(json.dumps(item, ensure_ascii=False))
+            return
+        if id(item) in open_ids:
+            raise ValueError("Circular reference detected")
+        open_ids.add(id(item))
+        is_dict = isinstance(item, dict)
+        out.append("{" if is_dict else "[")
+        stack.append((iter(item.items()) if isinstance(item, dict) else iter(item), is_dict, id(item)))
+
+    enter(value)
+    while stack:
+        items, is_dict, ident = stack[-1]
+        item = next(items, _END)
+        if item is _END:
+            stack.pop()
+            open_ids.discard(ident)
+            out.append("}" if is_dict else "]")
+            continue
+        if out[-1] != "{" and out[-1] != "[":  # not the first item of its container
+            out.append(",")
+        if is_dict:
+            key, item = cast(tuple[object, object], item)
+            out.append(json.dumps(_json_key(key), ensure_ascii=False) + ":")
+        enter(item)
+    return "".join(out)
+
+
+def json_text(value: object) -> str:
+    """``json.dumps(value, ensure_ascii=False, separators=(",", ":"))`` at any depth (see
+    :func:`_walk_json`; the C encoder is used while the stack allows it)."""
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    except RecursionError:
+        return _walk_json(value)
 
 
 # ---------------------------------------------------------------------------

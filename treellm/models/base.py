@@ -16,10 +16,11 @@ Messages are OpenAI chat-format dicts: the one wire format at this edge.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
+
+from treellm.signature import json_text
 
 __all__ = [
     "ChatModel",
@@ -147,10 +148,11 @@ class ChatModel(Protocol):
 
 
 def arguments_text(arguments: Mapping[str, Any] | str) -> str:
-    """Arguments as the text a provider would send (raw text is kept as it is)."""
+    """Arguments as the text a provider would send (raw text is kept as it is); a value of
+    any depth, never a ``RecursionError`` (a deep one is then rejected as deep text is)."""
     if isinstance(arguments, str):
         return arguments
-    return json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+    return json_text(arguments)
 
 
 @dataclass(slots=True)
