@@ -6,17 +6,28 @@ an option names (the line names the option). A value that no file can have (empt
 NUL) or that DuckDB would read as another path is refused at parsing, naming the
 option (exit 2). Every message reaches stderr with URLs' passwords masked
 (:mod:`treellm.urls`). Every command's help carries an example.
+
+Manners, for people and for pipes: every JSON output is strict JSON (a NaN or an infinity
+from the analysis is ``null``); a wrong option prints the usage of the command it was given
+to (exit 2); Ctrl-C ends with one line and exit 130, even when a library turned the
+interrupt into an error of its own (DuckDB's "Query interrupted"), and a closed stdout
+(``| head``) ends quietly with 141, as a process that SIGPIPE ended.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any, NoReturn
 
 from treellm import settings
@@ -38,6 +49,22 @@ def _console(stderr: bool = True) -> Any:
     from rich.console import Console
 
     return Console(stderr=stderr)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` (JSON-shaped) with every NaN and infinity made None: strict JSON has neither."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
+def _print_json(value: Any, *, ensure_ascii: bool = True) -> None:
+    """Print ``value`` as one line of strict JSON (``null`` for NaN and infinities)."""
+    print(json.dumps(_finite(value), ensure_ascii=ensure_ascii, allow_nan=False))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -115,7 +142,7 @@ def _cmd_sign(args: argparse.Namespace) -> int:
         "canonical": canonical_json(value),
         "valid_json": not isinstance(value, RawArguments),
     }
-    print(json.dumps(out, ensure_ascii=False))
+    _print_json(out, ensure_ascii=False)
     return 0
 
 
@@ -174,7 +201,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if result.answer is not None:
         print(result.answer)
     if result.outcome != "completed":
-        print(f"treellm: run ended {result.outcome}", file=sys.stderr)
+        causes = [n.error for n in result.nodes if getattr(n, "ended_by", None) == "error" and n.error]
+        cause = f": {causes[0]}" if causes else ""
+        print(_plain(mask_urls(f"treellm: run ended {result.outcome}{cause}")), file=sys.stderr)
         return 1
     return 0
 
@@ -341,7 +370,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
             report = run(progress)
     if args.json:
-        print(json.dumps(report.to_json()))
+        _print_json(report.to_json())
     else:
         console = _console(stderr=False)
         console.print(
@@ -363,7 +392,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from treellm.store.maintenance import export_parquet
 
     counts = export_parquet(_db(args), args.parquet)
-    print(json.dumps({"parquet": args.parquet, **counts}))
+    _print_json({"parquet": args.parquet, **counts})
     return 0
 
 
@@ -371,12 +400,8 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     from treellm.store.maintenance import gc, parse_age
 
     report = gc(_db(args), parse_age(args.older_than))
-    print(
-        json.dumps(
-            {"runs": report.runs, "spans": report.spans, "bytes_before": report.bytes_before,
-             "bytes_after": report.bytes_after}
-        )
-    )  # fmt: skip
+    _print_json({"runs": report.runs, "spans": report.spans, "bytes_before": report.bytes_before,
+                 "bytes_after": report.bytes_after})  # fmt: skip
     return 0
 
 
@@ -386,10 +411,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
     if args.scenario:
         spans = write_scenario(args.scenario, args.out, args.seed)
-        print(json.dumps({"out": args.out, "scenario": args.scenario, "spans": spans}))
+        _print_json({"out": args.out, "scenario": args.scenario, "spans": spans})
         return 0
     report = simulate(args.runs, args.seed, out=args.out, personas=args.persona or None)
-    print(json.dumps({"out": args.out, **report.to_json()}))
+    _print_json({"out": args.out, **report.to_json()})
     return 0
 
 
@@ -405,7 +430,8 @@ def _cmd_derive(args: argparse.Namespace) -> int:
     def show(done: DeriveReport) -> None:
         if args.json:
             payload = {k: getattr(done, k) for k in done.__slots__ if k != "bad_records"}
-            print(json.dumps({**payload, "bad_records": len(done.bad_records)}), flush=True)
+            _print_json({**payload, "bad_records": len(done.bad_records)})
+            sys.stdout.flush()
         elif done.traces or args.once or done.due:
             print(done.line(), flush=True)
         for bad in done.bad_records[:20]:
@@ -469,7 +495,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     finally:
         con.close()
     if args.format == "json":
-        print(json.dumps(data))
+        _print_json(data)
         return 0
     _print_report(data)
     return 0
@@ -494,9 +520,10 @@ def _print_report(data: dict[str, Any]) -> None:
 def _cmd_tune(args: argparse.Namespace) -> int:
     from treellm.analysis.tuning import limits_toml, tuning_by_tool
 
+    output = args.format or ("table" if sys.stdout.isatty() else "json")
     con = _reader(args)
     try:
-        if args.format == "toml":
+        if output == "toml":
             frame = tuning_by_tool(
                 con,
                 _filters(args),
@@ -517,10 +544,57 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             min_samples=args.min_samples,
             min_productive=args.min_productive,
         )
-        print(json.dumps(data))
     finally:
         con.close()
+    if output == "json":
+        _print_json(data)
+    else:
+        _print_tune(data)
     return 0
+
+
+def _print_tune(data: dict[str, Any]) -> None:
+    """The tuning for people: a table of each tool's verdict and numbers, then why, one
+    paragraph per tool (the reasons are long: a column of them would squeeze the rest)."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    from treellm.inspector import terminal_text
+
+    console = _console(stderr=False)
+    table = Table(
+        title=f"max_repeats per tool ({len(data['tools'])} tool(s))",
+        caption="limit: the one the agent ran under; useful: productive share of repeats; saved: calls",
+        box=box.SIMPLE_HEAD,
+        collapse_padding=True,
+        pad_edge=False,
+    )
+    table.add_column("tool", overflow="fold", ratio=1)
+    table.add_column("verdict", no_wrap=True)
+    for column in ("limit", "advised", "samples", "useful", "saved", "rules"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for item in data["tools"]:
+        current = item.get("current_max_repeats")
+        rate = item.get("productive_rate")
+        table.add_row(
+            terminal_text(item["tool"]),
+            terminal_text(item["verdict"]),
+            terminal_text(current if item.get("observed_limit") and current is not None else "none"),
+            terminal_text(item.get("recommended_max_repeats")),
+            terminal_text(item.get("samples")),
+            terminal_text("" if rate is None or not math.isfinite(rate) else f"{rate:.0%}"),
+            terminal_text(item.get("calls_saved")),
+            terminal_text(sum(1 for rule in item.get("rules", []) if rule.get("advised")) or ""),
+        )
+    console.print(table)
+    for item in data["tools"]:
+        line = Text()
+        line.append(terminal_text(item["tool"], "bold"))
+        line.append(": ")
+        line.append(terminal_text(item.get("reason")))
+        console.print(line)
+    print("JSON: --format json; the limits file: --format toml", file=sys.stderr)
 
 
 def _toml_safe(document: str) -> str:
@@ -729,7 +803,9 @@ def _add_data_commands(sub: Any) -> None:
         epilog="example:\n  treellm tune --db runs.duckdb --format toml > limits.toml",
     )
     _add_reader_options(tune)
-    tune.add_argument("--format", choices=["json", "toml"], default="json", help="output (default %(default)s)")
+    tune.add_argument(
+        "--format", choices=["table", "json", "toml"], help="output (default: table on a terminal, else json)"
+    )
     tune.add_argument("--tolerance", type=float, default=0.05, help="acceptable loss (default %(default)s)")
     tune.add_argument("--min-samples", type=int, default=10, help="repeats needed for a verdict (default %(default)s)")
     tune.add_argument(
@@ -908,24 +984,88 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """The arguments; an option no command knows is refused with the usage of the command it
+    was given to (``treellm report --bogus`` prints ``usage: treellm report ...``), exit 2."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        given = list(sys.argv[1:] if argv is None else argv)
+        sub: Any = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        command = getattr(args, "command", None)
+        after = given[given.index(command) + 1 :] if command in given else []
+        if command in sub.choices and all(word in after for word in extra):
+            sub.choices[command].error(f"unrecognized arguments: {' '.join(extra)}")
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+@contextmanager
+def _interrupts() -> Iterator[threading.Event]:
+    """While the command runs: an event set by Ctrl-C (SIGINT), which still raises
+    KeyboardInterrupt as Python's own handler does. A library may turn that into an error
+    of its own (DuckDB: ``RuntimeError: Query interrupted``); the event tells main it was
+    Ctrl-C. Nothing changes off the main thread or where SIGINT is ignored."""
+    seen = threading.Event()
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if previous is None or previous == signal.SIG_IGN:
+        yield seen
+        return
+
+    def on_interrupt(signum: int, frame: FrameType | None) -> None:
+        seen.set()
+        if callable(previous):
+            previous(signum, frame)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupted() -> int:
+    print("treellm: interrupted", file=sys.stderr)
+    return 130
+
+
+def _closed_pipe() -> int:
+    """stdout's reader went away (``treellm report --format json | head``): end quietly, with the
+    status of a process that SIGPIPE ended (141). The rest of the output goes to /dev/null, so
+    the interpreter's last flush at exit finds nothing to complain about."""
+    stdout = sys.stdout
+    if stdout is sys.__stdout__ and stdout is not None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stdout.fileno())
+        os.close(devnull)
+    return 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
-    try:
-        return int(args.func(args))
-    except TreeLLMError as exc:
-        print(_plain(f"treellm: error: {mask_urls(str(exc))}"), file=sys.stderr)
-        return 1
-    except OSError as exc:  # a file or folder an option names cannot be used; any other propagates
-        named = _option_naming(parser, args, exc.filename)
-        if named is None:
-            raise
-        option, value = named
-        print(_plain(f"treellm: error: {option} {shown(value)}: {exc.strerror or exc}"), file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("treellm: interrupted", file=sys.stderr)
-        return 130
+    with _interrupts() as interrupted:
+        try:
+            code = int(args.func(args))
+            sys.stdout.flush()  # a closed pipe fails here, not in the interpreter's exit
+            return code
+        except KeyboardInterrupt:
+            return _interrupted()
+        except BrokenPipeError:
+            return _closed_pipe()
+        except Exception as exc:
+            if interrupted.is_set():
+                return _interrupted()
+            if isinstance(exc, TreeLLMError):
+                print(_plain(f"treellm: error: {mask_urls(str(exc))}"), file=sys.stderr)
+                return 1
+            named = _option_naming(parser, args, exc.filename) if isinstance(exc, OSError) else None
+            if named is None:  # anything else than a file or folder an option names: ours, it propagates
+                raise
+            option, value = named
+            strerror = exc.strerror if isinstance(exc, OSError) else None
+            print(_plain(f"treellm: error: {option} {shown(value)}: {strerror or exc}"), file=sys.stderr)
+            return 1

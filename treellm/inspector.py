@@ -91,6 +91,9 @@ class LiveLog:
     def __call__(self, event: Event) -> None:
         p = event.payload
         if isinstance(p, ThinkComplete):
+            if p.ended_by == "error":
+                self._line(event, "red", f"✗ think failed: {p.error or 'no reason given'}")
+                return
             if p.ended_by == "answer":
                 return  # the TaskComplete line says it
             calls = f"{p.requested_calls} call(s)" if p.requested_calls else "answer"
@@ -151,6 +154,8 @@ def _node_label(node: Node) -> Text:
             label.append(terminal_text(f" · answer: {_short(node.answer)}", "bold"))
         elif node.ended_by in ("prune", "budget", "error"):
             label.append(f" · ended by {node.ended_by}", style="yellow")
+            if node.ended_by == "error" and node.error:
+                label.append(terminal_text(f": {_short(node.error, 160)}", "yellow"))
     elif isinstance(node, ToolNode):
         label.append(terminal_text(f" → {_short(node.result, 40)}", "dim"))
     elif isinstance(node, CollapseNode):

@@ -234,7 +234,9 @@ def configure(
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
         metrics_endpoint = f"{endpoint.rstrip('/')}/v1/metrics" if endpoint else None
-        logger.debug("metrics go over OTLP to %s", display_url(metrics_endpoint or _env_endpoint(_METRICS_ENDPOINT_VARS)))
+        logger.debug(
+            "metrics go over OTLP to %s", display_url(metrics_endpoint or _env_endpoint(_METRICS_ENDPOINT_VARS))
+        )
         metric_exporter = OTLPMetricExporter(endpoint=metrics_endpoint, timeout=export_timeout("metrics", os.environ))
         readers.append(PeriodicExportingMetricReader(metric_exporter))
     if "console" in plan.metrics:

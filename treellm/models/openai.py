@@ -27,6 +27,9 @@ Contract (see :mod:`treellm.models.base` for the seam):
   ``from`` the SDK's exception: ``status`` is the HTTP status (``None`` for
   timeouts, connection failures and errors sent inside the stream) and
   ``retryable`` is true for 408, 409, 429, 5xx, timeouts and connection failures.
+  The base URL is shown with its password masked, and a connection failure names the
+  operating system's reason (``connection failed: Connection refused``), which the HTTP
+  stack hides behind its own words ("All connection attempts failed").
   Retries cover the request until the response starts: a stream that breaks
   off mid-turn is not retried, the deltas already yielded stay yielded and the
   error follows them.
@@ -39,6 +42,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, cast
 
@@ -62,6 +67,7 @@ from treellm.models.base import (
     Usage,
     UsageDelta,
 )
+from treellm.urls import display_url
 
 __all__ = ["OpenAICompatibleModel"]
 
@@ -156,7 +162,7 @@ class OpenAICompatibleModel:
         )
 
     def _where(self) -> str:
-        return f"model {self._model!r} at {self._base_url}"
+        return f"model {self._model!r} at {display_url(self._base_url)}"
 
     def _model_error(self, exc: openai.OpenAIError) -> ModelError:
         return model_error(exc, where=self._where(), timeout=self._timeout)
@@ -199,10 +205,30 @@ def model_error(exc: openai.OpenAIError, *, where: str, timeout: float) -> Model
     if isinstance(exc, openai.APIConnectionError):
         cause = exc.__cause__
         detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
+        reason = _os_reason(exc)
+        if reason is not None:
+            detail = f": {reason}{f' ({type(cause).__name__}: {cause})' if cause is not None else ''}"
         return ModelError(f"{where}: connection failed{detail}{_retries_note(exc)}", retryable=True)
     if isinstance(exc, openai.APIError):
         return ModelError(f"{where}: the server reported an error: {_server_message(exc)}")
     return ModelError(f"{where}: {type(exc).__name__}: {exc}")
+
+
+def _os_reason(exc: BaseException) -> str | None:
+    """The operating system's words for the innermost OS error behind ``exc`` ("Connection
+    refused", "Name or service not known"), which the HTTP stack wraps in its own message
+    ("All connection attempts failed"); None when the chain holds none."""
+    reason = None
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, socket.gaierror) and current.strerror:
+            reason = current.strerror
+        elif isinstance(current, OSError) and isinstance(current.errno, int) and current.errno > 0:
+            reason = os.strerror(current.errno)
+        current = current.__cause__ or current.__context__
+    return reason
 
 
 def _retries_note(exc: openai.APIError) -> str:
