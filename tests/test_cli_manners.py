@@ -192,8 +192,7 @@ def _distinct_copies(source: Path, folder: Path, count: int) -> None:
     text = source.read_text()
     folder.mkdir()
     for index in range(count):
-        prefix = f"{index:02x}"
-        copy = re.sub(r'"traceId": ?"[0-9a-f]{2}', lambda m, prefix=prefix: m.group()[:-2] + prefix, text)
+        copy = re.sub(r'("traceId": ?")[0-9a-f]{2}', rf"\g<1>{index:02x}", text)
         (folder / f"part{index}.jsonl").write_text(copy)
 
 
@@ -216,7 +215,7 @@ def test_ctrl_c_during_ingest_exits_130_with_one_line_and_the_store_stays_readab
     stderr = child.stderr
 
     def read() -> None:
-        while chunk := stderr.read1(4096):
+        while chunk := os.read(stderr.fileno(), 4096):
             err.extend(chunk)
 
     reader = threading.Thread(target=read, daemon=True)

@@ -21,7 +21,6 @@ import pytest
 
 from treellm.setup import EXPORT_TIMEOUT_S, ExporterPlan, export_timeout, exporter_plan
 
-
 # One model turn asking for one tool call, then the answer: a one-call run, traced by configure().
 SCRIPT = textwrap.dedent(
     """
@@ -42,7 +41,7 @@ SCRIPT = textwrap.dedent(
 class _Recorder(BaseHTTPRequestHandler):
     paths: list[str]
 
-    def do_POST(self) -> None:  # noqa: N802  # http.server's name
+    def do_POST(self) -> None:  # http.server's name
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         self.server.paths.append(self.path)  # type: ignore[attr-defined]
         self.send_response(200)
@@ -50,7 +49,7 @@ class _Recorder(BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002  # the base class's name
+    def log_message(self, format: str, *args: object) -> None:  # the base class's name
         return
 
 
