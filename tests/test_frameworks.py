@@ -9,11 +9,11 @@ the script's truth. The recorded traces under ``tests/data/frameworks/`` (runs 0
 ``tests/frameworks/record.py`` regenerates them) pin the same figures without the
 frameworks, including spans that arrive before their run's root.
 
-The agent shapes of ``harness.SHAPES`` (a hand-written LangGraph ``StateGraph``, a
-subgraph, a supervisor with two sub-agent graphs, an Agents SDK handoff, a smolagents
-managed agent) play the same script: one run per scripted run, whatever the graph
-(``docs/architecture.md``, "Where a run starts"); ``tests/data/frameworks/shapes/`` holds
-their recorded traces.
+The agent shapes of ``harness.SHAPES`` (LangGraph's ``create_react_agent``, whose model
+node is named ``agent``, a hand-written ``StateGraph``, a subgraph, a supervisor with two
+sub-agent graphs, an Agents SDK handoff, a smolagents managed agent) play the same script:
+one run per scripted run, whatever the graph (``docs/architecture.md``, "Where a run
+starts"); ``tests/data/frameworks/shapes/`` holds their recorded traces.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ def frameworks() -> list[str]:
 
 SHAPES: tuple[tuple[str, str], ...] = (
     ("agents", "handoff"),
+    ("langgraph", "react"),
     ("langgraph", "stategraph"),
     ("langgraph", "subgraph"),
     ("langgraph", "supervisor"),

@@ -4,6 +4,8 @@ Shapes (``--shape``), each with ``ChatOpenAI`` against the fake OpenAI-compatibl
 
 - ``default``: ``langchain.agents.create_agent`` (the LangGraph agent that replaced
   ``langgraph.prebuilt.create_react_agent`` in LangGraph 1.x).
+- ``react``: ``langgraph.prebuilt.create_react_agent`` (deprecated in LangGraph 1.x, still
+  shipped and widely used): its model node is named ``agent``.
 - ``stategraph``: a ``StateGraph`` written by hand, as the LangGraph tutorials do: a node
   named ``agent`` that calls the model, the prebuilt ``ToolNode`` as ``tools``,
   ``tools_condition`` between them.
@@ -145,6 +147,10 @@ def supervisor(model: BaseChatModel, tools: list[BaseTool]) -> Any:
 def build(shape: str, model: BaseChatModel, tools: list[BaseTool]) -> Any:
     if shape == "default":
         return create_agent(model, tools=tools, checkpointer=InMemorySaver())
+    if shape == "react":
+        from langgraph.prebuilt import create_react_agent
+
+        return create_react_agent(model, tools, checkpointer=InMemorySaver())
     if shape == "stategraph":
         return hand_written(model, tools)
     if shape == "subgraph":
