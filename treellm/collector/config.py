@@ -76,6 +76,9 @@ class CollectorConfig:
       to the descriptor limit (``RLIMIT_NOFILE``) minus the descriptors already open minus
       this reserve, so a flood of half-open connections never leaves ``/health`` or a new
       client without one.
+    - ``decode_workers``: the processes that decode request bodies off the event loop (None: one
+      per core the process may run on; 0: decode on threads, one core). Small bodies are
+      decoded on the event loop all the same.
     """
 
     host: str = "127.0.0.1"
@@ -93,6 +96,7 @@ class CollectorConfig:
     body_timeout_s: float = 30.0
     max_connections: int = 256
     descriptor_reserve: int = 32
+    decode_workers: int | None = None
 
     def __post_init__(self) -> None:
         _expect("host", isinstance(self.host, str) and host_problem(self.host) is None,
@@ -115,6 +119,9 @@ class CollectorConfig:
         _positive_number("body_timeout_s", self.body_timeout_s)
         _positive_int("max_connections", self.max_connections)
         _positive_int("descriptor_reserve", self.descriptor_reserve)
+        _expect("decode_workers", self.decode_workers is None or (isinstance(self.decode_workers, int) and
+                not isinstance(self.decode_workers, bool) and self.decode_workers >= 0),
+                "a number of processes >= 0 or none (one per core)", self.decode_workers)  # fmt: skip
 
     def replace(self, **changes: Any) -> CollectorConfig:
         """A copy with ``changes`` applied (``None`` values are ignored: "not given")."""

@@ -48,7 +48,7 @@ from treellm.collector.errors import BadRequest, PayloadTooLarge
 from treellm.collector.otlp_json import JsonObject, normalize_request
 from treellm.errors import IngestError
 from treellm.otlp import json_line
-from treellm.store.formats.otlp_proto import raw_traces_data
+from treellm.store.formats.otlp_proto import canonical_traces_data, raw_traces_data
 from treellm.store.metrics import (
     metrics_request_from_json,
     metrics_request_from_protobuf,
@@ -130,7 +130,9 @@ def decode_protobuf(body: bytes) -> Decoded:
         request = ExportTraceServiceRequest.FromString(body)
     except DecodeError as exc:
         raise BadRequest(f"not a protobuf ExportTraceServiceRequest: {exc}") from None
-    normalized = normalize_request(raw_traces_data(request), max_reasons=MAX_REASONS)
+    normalized = canonical_traces_data(request, max_reasons=MAX_REASONS)
+    if normalized is None:  # a resource's or scope's attributes repeat a key: the validator's road
+        normalized = normalize_request(raw_traces_data(request), max_reasons=MAX_REASONS)
     docs = [normalized.traces_data] if normalized.traces_data is not None else []
     return _finish(docs, normalized.total, normalized.rejected, list(normalized.reasons))
 

@@ -19,7 +19,10 @@ Contract:
   ``rejected_data_points`` in a partial success): 200 only once the request's data points
   are fsync'd in the metrics journal; the flusher inserts them into ``metric_points``
   (:mod:`treellm.store.metrics`, which explains the design).
-- Bodies above 256 KiB are decoded on a worker thread so the event loop keeps serving.
+- Bodies are decoded off the event loop by :class:`~treellm.collector.pool.DecodePool`: worker
+  processes, one per core (``decode_workers``), started at :meth:`Collector.start`; small bodies
+  sent without a content coding are decoded on the event loop. The journal's writer commits the
+  requests of every connection together (one ``fdatasync`` for all that arrived meanwhile).
 - Hostile or broken clients cannot hold the collector (uvicorn's h11 protocol, extended
   by :class:`_GuardedH11`): a connection that has not sent a request's headers
   ``header_timeout_s`` after it opened (or after its previous response) is answered 408
@@ -67,7 +70,6 @@ from typing import Any, ClassVar, Final
 
 import uvicorn
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -75,10 +77,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from treellm.collector.config import DEFAULTS, CollectorConfig, journal_folder
-from treellm.collector.decode import Decoded, Encoding, decode_metrics_request, decode_request, decompress
+from treellm.collector.decode import Decoded, Encoding, decode_metrics_request, decode_request
 from treellm.collector.errors import BadRequest, CollectorError, PayloadTooLarge
+from treellm.collector.pool import DecodePool, cores
 from treellm.collector.protocol import (
-    ContentCoding,
     bearer_matches,
     content_coding,
     media_type,
@@ -111,7 +113,6 @@ METRICS_FOLDER: Final = "metrics"  # the metrics journal, inside the span journa
 EXIT_DRAINED: Final = 0
 EXIT_SERVER_FAILED: Final = 1
 EXIT_JOURNAL_KEPT: Final = 75  # EX_TEMPFAIL: try again later
-_THREAD_DECODE_BYTES: Final = 256 * 1024
 _START_TIMEOUT_S: Final = 10.0
 _GRACEFUL_S: Final = 10
 _BACKLOG: Final = 2048
@@ -141,6 +142,7 @@ class CollectorStats:
     connection_cap: int = 0
     connections: int = 0
     evicted: int = 0
+    decode_restarts: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -374,6 +376,7 @@ class Collector:
         )
         self._retry_after = {"Retry-After": str(config.retry_after_s)}
         self._rules = _ConnectionRules(config, self._over_capacity)
+        self._pool = DecodePool(cores() if config.decode_workers is None else config.decode_workers)
         self._protocol = _guarded_protocol(self._rules)
         self._socket: socket.socket | None = None
         self._server: uvicorn.Server | None = None
@@ -431,6 +434,7 @@ class Collector:
             sock.close()
             raise
         self.flusher.start()
+        self._pool.warm_soon()
         self._socket = sock
         port = sock.getsockname()[1]
         host = self.config.host if ":" not in self.config.host else f"[{self.config.host}]"
@@ -530,6 +534,7 @@ class Collector:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join()
+        self._pool.close()
         if self._socket is not None:
             self._socket.close()
         self.journal.close()
@@ -573,6 +578,7 @@ class Collector:
             connection_cap=self._rules.max_connections,
             connections=self._rules.open(self._server.server_state.connections) if self._server is not None else 0,
             evicted=self._rules.evicted.total,
+            decode_restarts=self._pool.restarts,
         )
 
     # -- HTTP ------------------------------------------------------------------------------------------
@@ -659,7 +665,7 @@ class Collector:
         try:
             async with asyncio.timeout(self.config.body_timeout_s):  # the whole body, however it trickles in
                 body = await self._read_body(request, limit)
-            decoded = await self._decode(body, coding, encoding, limit, decode)
+            decoded = await self._pool.decode(body, coding, encoding, limit, decode)
         except ClientDisconnect:  # the client gave up while sending: nobody to answer
             self._refused += 1
             return Response(status_code=400)
@@ -701,17 +707,6 @@ class Collector:
                 raise PayloadTooLarge(f"the body is above the {limit}-byte limit", limit=limit)
             chunks.append(chunk)
         return b"".join(chunks)
-
-    @staticmethod
-    async def _decode(
-        body: bytes, coding: ContentCoding, encoding: Encoding, limit: int, decode: Callable[[bytes, Encoding], Decoded]
-    ) -> Decoded:
-        def work() -> Decoded:
-            return decode(decompress(body, coding, limit), encoding)
-
-        if len(body) > _THREAD_DECODE_BYTES or coding != "identity":
-            return await run_in_threadpool(work)
-        return work()
 
 
 def _raw_header(request: Request, name: bytes) -> bytes | None:

@@ -65,6 +65,7 @@ __all__ = [
     "Rule",
     "StructureError",
     "normalize_traces_data",
+    "span_problem",
     "validate_sql",
 ]
 
@@ -262,6 +263,16 @@ def normalize_traces_data(doc: object, *, max_reasons: int | None = 5) -> Normal
             resource_spans_out.append(_with_schema({"resource": resource, "scopeSpans": scope_spans_out}, schema))
     traces_data = {"resourceSpans": resource_spans_out} if resource_spans_out else None
     return Normalized(traces_data, total, rejected, tuple(reasons), duplicates)
+
+
+def span_problem(span: object) -> str | None:
+    """Why one OTLP/JSON ``Span`` would be rejected (``<field>: <reason>``, as
+    :func:`normalize_traces_data` words it after the span's place), or None when it is kept."""
+    try:
+        _span(span, [])
+    except _Invalid as exc:
+        return str(exc)
+    return None
 
 
 def _structure(convert: Callable[..., Any], value: object, where: str, *args: Any) -> Any:

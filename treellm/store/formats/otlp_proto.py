@@ -29,7 +29,8 @@ from google.protobuf.unknown_fields import UnknownFieldSet  # type: ignore[impor
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, TracesData
 
 from treellm.errors import IngestError
-from treellm.otlp import any_value
+from treellm.otlp import MAX_VALUE_DEPTH, Normalized, any_value
+from treellm.otlp.validate import EVENT_RULES, LINK_RULES, SPAN_RULES, Rule, span_problem
 from treellm.store.formats._base import JsonObject, Record, checked, with_schema
 from treellm.store.formats._sniff import NeedBytes, Sample, Verdict
 
@@ -39,6 +40,10 @@ WHAT: Final = (
     "length-prefixed proto format"
 )
 MAPPING: Final = "converted to OTLP/JSON"
+
+
+def _rule(field: str, kind: str) -> Rule:
+    return next(r for r in SPAN_RULES if r.field == field and r.kind == kind)
 
 
 def sniff(sample: Sample) -> Verdict:
@@ -283,3 +288,204 @@ def _varint(data: bytes, pos: int) -> tuple[int | None, int]:
             return value, used
         shift += 7
     return None, used
+
+
+# --- the collector's request path: checked and canonical in one pass ---------------------------------------
+
+
+_TIME_MAX: Final = int(_rule("startTimeUnixNano", "time").bound)
+_KIND_MAX: Final = int(_rule("kind", "enum").bound)
+_STATUS_MAX: Final = int(_rule("status.code", "enum").bound)
+_EVENT_TIME_MAX: Final = int(EVENT_RULES[0].bound)
+_TRACE_BYTES: Final = int(_rule("traceId", "id").bound) // 2
+_SPAN_BYTES: Final = int(_rule("spanId", "id").bound) // 2
+_LINK_TRACE_BYTES: Final = int(LINK_RULES[0].bound) // 2
+_LINK_SPAN_BYTES: Final = int(LINK_RULES[1].bound) // 2
+_ZERO_TRACE: Final = bytes(_TRACE_BYTES)
+_ZERO_SPAN: Final = bytes(_SPAN_BYTES)
+_ZERO_LINK_TRACE: Final = bytes(_LINK_TRACE_BYTES)
+_ZERO_LINK_SPAN: Final = bytes(_LINK_SPAN_BYTES)
+
+
+class _Refused(Exception):
+    """A span breaks a rule (its reason is then worded by :func:`treellm.otlp.validate.span_problem`)."""
+
+
+def canonical_traces_data(message: Any, *, max_reasons: int | None = 5) -> Normalized | None:
+    """A parsed protobuf ``TracesData`` / ``ExportTraceServiceRequest`` as canonical OTLP/JSON in one
+    pass, what :func:`treellm.otlp.normalize_traces_data` makes of :func:`raw_traces_data` but
+    without building the raw document first (the collector's request path).
+
+    Checked here, per span, by the bounds of the rule table: ids (size, not all zero; an all-zero
+    or empty parent is none), times within int64, the end not before the start, kind and status
+    code, event times, link ids, and values nested deeper than :data:`MAX_VALUE_DEPTH`; protobuf's
+    own types settle the rest (strings, booleans, 64-bit integers, uint32 counts). A span that
+    breaks a rule is rejected alone with the validator's reason. Repeated attribute keys of a span,
+    an event or a link are left as sent: the store's check flags them when the line is ingested and
+    the validator keeps the last value and records the key there (:mod:`treellm.store.ingest`).
+    Returns None when a resource's or a scope's attributes repeat a key or nest too deep (the
+    caller takes the validator's road for the whole message). Pure.
+    """
+    total = rejected = 0
+    reasons: list[str] = []
+    resource_spans_out: list[JsonObject] = []
+    for r, rs in enumerate(message.resource_spans):
+        resource = rs.resource
+        if _repeats_a_key(resource.attributes):
+            return None
+        try:
+            resource_out = _with_dropped(
+                {"attributes": _canonical_attributes(resource.attributes, 0)},
+                "droppedAttributesCount",
+                resource.dropped_attributes_count,
+            )
+        except _Refused:
+            return None
+        scope_spans_out: list[JsonObject] = []
+        for s, ss in enumerate(rs.scope_spans):
+            scope = ss.scope
+            if _repeats_a_key(scope.attributes):
+                return None
+            try:
+                scope_out = _canonical_scope(scope)
+            except _Refused:
+                return None
+            spans_out: list[JsonObject] = []
+            for i, span in enumerate(ss.spans):
+                total += 1
+                try:
+                    spans_out.append(_canonical_span(span))
+                    continue
+                except _Refused:
+                    pass
+                problem = span_problem(_proto_span(span))
+                if problem is None:  # the two readings disagree: the validator decides, for every span
+                    return None
+                rejected += 1
+                if max_reasons is None or len(reasons) < max_reasons:
+                    reasons.append(f"resourceSpans[{r}].scopeSpans[{s}].spans[{i}].{problem}")
+            if spans_out:
+                scope_spans_out.append(with_schema({"scope": scope_out, "spans": spans_out}, ss.schema_url))
+        if scope_spans_out:
+            resource_spans_out.append(
+                with_schema({"resource": resource_out, "scopeSpans": scope_spans_out}, rs.schema_url)
+            )
+    traces_data = {"resourceSpans": resource_spans_out} if resource_spans_out else None
+    return Normalized(traces_data, total, rejected, tuple(reasons))
+
+
+def _repeats_a_key(values: Sequence[Any]) -> bool:
+    return len(values) > 1 and len({kv.key for kv in values}) < len(values)
+
+
+def _canonical_scope(scope: Any) -> JsonObject:
+    out: JsonObject = {"name": scope.name}
+    if scope.version:
+        out["version"] = scope.version
+    if scope.attributes:
+        out["attributes"] = _canonical_attributes(scope.attributes, 0)
+    return _with_dropped(out, "droppedAttributesCount", scope.dropped_attributes_count)
+
+
+def _canonical_attributes(values: Sequence[Any], depth: int) -> list[JsonObject]:
+    """``KeyValue`` messages as canonical OTLP/JSON, as sent (a repeated key stays repeated)."""
+    out = []
+    for kv in values:
+        value = kv.value
+        which = value.WhichOneof("value")
+        if which == "string_value":
+            out.append({"key": kv.key, "value": {"stringValue": value.string_value}})
+        else:
+            out.append({"key": kv.key, "value": _canonical_any(value, which, depth)})
+    return out
+
+
+def _canonical_any(value: Any, which: str | None, depth: int) -> JsonObject:
+    if which == "string_value":
+        return {"stringValue": value.string_value}
+    if which == "int_value":
+        return {"intValue": str(value.int_value)}
+    if which == "bool_value":
+        return {"boolValue": value.bool_value}
+    if which == "double_value":
+        return any_value(float(value.double_value))
+    if which == "bytes_value":
+        return any_value(bytes(value.bytes_value))
+    if which == "array_value":
+        values = value.array_value.values
+        if values and depth >= MAX_VALUE_DEPTH:
+            raise _Refused
+        return {"arrayValue": {"values": [_canonical_any(v, v.WhichOneof("value"), depth + 1) for v in values]}}
+    if which == "kvlist_value":
+        entries = value.kvlist_value.values
+        if entries and depth >= MAX_VALUE_DEPTH:
+            raise _Refused
+        return {"kvlistValue": {"values": _canonical_attributes(entries, depth + 1)}}
+    return {}  # unset, or a string-table index (meaningful only in profiles)
+
+
+def _canonical_span(span: Any) -> JsonObject:
+    """One span checked and canonical; :class:`_Refused` when it breaks a rule."""
+    trace_id, span_id, parent = span.trace_id, span.span_id, span.parent_span_id
+    if len(trace_id) != _TRACE_BYTES or trace_id == _ZERO_TRACE or len(span_id) != _SPAN_BYTES or span_id == _ZERO_SPAN:
+        raise _Refused
+    if parent and len(parent) != _SPAN_BYTES:
+        raise _Refused
+    kind, start, end, code = span.kind, span.start_time_unix_nano, span.end_time_unix_nano, span.status.code
+    if (
+        start > _TIME_MAX
+        or end > _TIME_MAX
+        or end < start
+        or not 0 <= kind <= _KIND_MAX
+        or not 0 <= code <= _STATUS_MAX
+    ):
+        raise _Refused
+    out: JsonObject = {"traceId": trace_id.hex(), "spanId": span_id.hex()}
+    if span.trace_state:
+        out["traceState"] = span.trace_state
+    if parent and parent != _ZERO_SPAN:
+        out["parentSpanId"] = parent.hex()
+    out["flags"] = span.flags
+    out["name"] = span.name
+    out["kind"] = kind
+    out["startTimeUnixNano"] = str(start)
+    out["endTimeUnixNano"] = str(end)
+    out["attributes"] = _canonical_attributes(span.attributes, 0)
+    _with_dropped(out, "droppedAttributesCount", span.dropped_attributes_count)
+    out["events"] = [_canonical_event(e) for e in span.events] if span.events else []
+    _with_dropped(out, "droppedEventsCount", span.dropped_events_count)
+    out["links"] = [_canonical_link(x) for x in span.links] if span.links else []
+    _with_dropped(out, "droppedLinksCount", span.dropped_links_count)
+    status: JsonObject = {"code": code}
+    if span.status.message:
+        status["message"] = span.status.message
+    out["status"] = status
+    return out
+
+
+def _canonical_event(event: Any) -> JsonObject:
+    time = event.time_unix_nano
+    if time > _EVENT_TIME_MAX:
+        raise _Refused
+    out: JsonObject = {
+        "timeUnixNano": str(time),
+        "name": event.name,
+        "attributes": _canonical_attributes(event.attributes, 0),
+    }
+    return _with_dropped(out, "droppedAttributesCount", event.dropped_attributes_count)
+
+
+def _canonical_link(link: Any) -> JsonObject:
+    trace_id, span_id = link.trace_id, link.span_id
+    if (len(trace_id) != _LINK_TRACE_BYTES or trace_id == _ZERO_LINK_TRACE or len(span_id) != _LINK_SPAN_BYTES
+            or span_id == _ZERO_LINK_SPAN):  # fmt: skip
+        raise _Refused
+    out: JsonObject = {
+        "traceId": trace_id.hex(),
+        "spanId": span_id.hex(),
+        "attributes": _canonical_attributes(link.attributes, 0),
+        "flags": link.flags,
+    }
+    if link.trace_state:
+        out["traceState"] = link.trace_state
+    return _with_dropped(out, "droppedAttributesCount", link.dropped_attributes_count)
