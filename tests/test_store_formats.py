@@ -359,3 +359,33 @@ def test_a_corrupt_sdk_json_lines_file_names_the_line_and_skip_bad_reports_each_
     assert "context.trace_id" in report.bad_records[1].reason
     assert count(db, "SELECT name FROM spans ORDER BY name") == [("grandchild",), ("root",)]
     assert len(spans) == 3
+
+
+def test_a_short_file_cut_inside_a_key_names_the_line_and_column_where_it_ends(tmp_path: Path) -> None:
+    run = json.loads((DATA / "tau-bench-gpt-4o-airline-excerpt.json").read_text(encoding="utf-8"))[0]
+    # the keys that decide the format come after a large value, and the cut lands inside a key before them
+    document = json.dumps({"task_id": run["task_id"], "info": run["info"], "source": "user", "traj": run["traj"]},
+                          indent=1)  # fmt: skip
+    cut = document[: document.index('"source"') + 3]
+    path = tmp_path / "cut.json"
+    path.write_text(cut, encoding="utf-8")
+    assert 1000 < path.stat().st_size < 64 << 10  # whole within the sniffed prefix, as in the report
+    line = cut.count("\n") + 1
+    column = cut.splitlines()[-1].rindex('"so') + 1  # where the unterminated string opens
+    with pytest.raises(IngestError) as caught:
+        ingest(tmp_path / "t.duckdb", [path])
+    assert f'line {line}, column {column}: the file ends inside the string "so' in str(caught.value)
+    assert cut.splitlines()[line - 1][column - 1 :] == '"so'
+
+
+def test_json_that_breaks_inside_its_first_object_names_the_line_and_column(tmp_path: Path) -> None:
+    for content, where in (
+        ('{"a": 1, "b": ]', "line 1, column 15: unexpected b']'"),
+        ('{\n  "a": 1,\n  "b": 2,\n ', "line 4, column 2: the file ends early"),
+        ('\ufeff{"é": "ü", "b" 2}', "line 1, column 16: unexpected b'2'"),  # characters, not bytes; a BOM is none
+    ):
+        path = tmp_path / "bad.json"
+        path.write_text(content, encoding="utf-8")
+        with pytest.raises(IngestError) as caught:
+            ingest(tmp_path / "t.duckdb", [path])
+        assert f"it starts like JSON but is not ({where})" in str(caught.value), content

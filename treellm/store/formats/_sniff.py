@@ -169,7 +169,8 @@ def _samples(base: Sample) -> Iterator[Sample]:
             yield replace(base, shape=shape, keys=dict(keys), seen=seen)
         return
     except _NotJson as exc:
-        yield replace(base, shape=shape, keys=dict(keys), seen=f"it starts like JSON but is not ({exc})")
+        seen = f"it starts like JSON but is not ({exc.where(head)})"
+        yield replace(base, shape=shape, keys=dict(keys), seen=seen)
         return
     yield replace(base, shape=shape, keys=dict(keys), seen=f"{what} with keys {sorted(keys)[:12]}")
 
@@ -208,7 +209,28 @@ class _Truncated(Exception):
 
 
 class _NotJson(Exception):
-    """The prefix is not JSON."""
+    """The prefix is not JSON: ``reason``, found at byte ``offset`` of the file."""
+
+    def __init__(self, reason: str, offset: int) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.offset = offset
+
+    def where(self, head: bytes) -> str:
+        """``line L, column C: reason`` (both 1-based; the column counts characters, as
+        Python's JSON errors do), from the file's first bytes ``head``."""
+        return f"{_line_column(head, self.offset)}: {self.reason}"
+
+
+def _line_column(head: bytes, offset: int) -> str:
+    """``line L, column C`` of byte ``offset`` in ``head`` (a BOM is not a column)."""
+    offset = min(offset, len(head))
+    line_start = head.rfind(b"\n", 0, offset) + 1
+    if line_start == 0 and head.startswith(_BOM):
+        line_start = len(_BOM)
+    column = len(head[line_start:offset].decode("utf-8", "replace")) + 1
+    line = head.count(b"\n", 0, offset) + 1
+    return f"line {line}, column {column}"
 
 
 _TOKEN = re.compile(rb'[ \t\r\n]*("[^"\\]*(?:\\.[^"\\]*)*"|[{}\[\]:,]|-?[0-9][0-9.eE+-]*|true|false|null)', re.DOTALL)
@@ -218,7 +240,7 @@ def _skip_space(buf: bytes, pos: int, *, eof: bool) -> int:
     while pos < len(buf) and buf[pos] in _SPACE:
         pos += 1
     if pos >= len(buf):
-        raise _NotJson("it ends early") if eof else _Truncated
+        raise _NotJson("the file ends early", pos) if eof else _Truncated
     return pos
 
 
@@ -228,7 +250,12 @@ def _next_token(buf: bytes, pos: int, *, eof: bool) -> tuple[bytes, int]:
         rest = buf[pos:].lstrip(_SPACE)
         if not eof and (rest[:1] == b'"' or len(rest) < 8):
             raise _Truncated
-        raise _NotJson(f"unexpected {rest[:12]!r}" if rest else "it ends early")
+        at = len(buf) - len(rest)
+        if not rest:
+            raise _NotJson("the file ends early", at)
+        if rest[:1] == b'"' and _TOKEN.match(rest + b'"') is not None:  # only the closing quote is missing
+            raise _NotJson(f"the file ends inside the string {rest[:24].decode('utf-8', 'replace')}", at)
+        raise _NotJson(f"unexpected {rest[:12]!r}", at)
     return match.group(1), match.end()
 
 
@@ -238,11 +265,12 @@ def _object_keys(buf: bytes, pos: int, *, eof: bool) -> Generator[tuple[str, int
     depth, state, key = 0, "open", ""
     while True:
         token, pos = _next_token(buf, pos, eof=eof)
+        at = pos - len(token)
         if depth >= 2:
             depth += (token in (b"{", b"[")) - (token in (b"}", b"]"))
         elif state == "open":
             if token != b"{":
-                raise _NotJson("expected an object")
+                raise _NotJson("expected an object", at)
             depth, state = 1, "key"
         elif state in ("key", "comma") and token == b"}":
             return pos
@@ -250,7 +278,7 @@ def _object_keys(buf: bytes, pos: int, *, eof: bool) -> Generator[tuple[str, int
             try:
                 key = json.loads(token)
             except (ValueError, UnicodeDecodeError) as exc:
-                raise _NotJson("a key is not a JSON string") from exc
+                raise _NotJson("a key is not a JSON string", at) from exc
             state = "colon"
         elif state == "colon" and token == b":":
             state = "value"
@@ -262,7 +290,7 @@ def _object_keys(buf: bytes, pos: int, *, eof: bool) -> Generator[tuple[str, int
         elif state == "comma" and token == b",":
             state = "key"
         else:
-            raise _NotJson(f"unexpected {token[:12]!r}")
+            raise _NotJson(f"unexpected {token[:12]!r}", at)
 
 
 def _value_end(buf: bytes, pos: int, *, eof: bool) -> int:
