@@ -409,3 +409,32 @@ def test_the_ownership_rule_reads_the_migrations_table() -> None:
     assert "no treellm migrations table" in str(foreign_store_reason({("main", "runs"), ("other", "t")}, (), ()))
     assert "not treellm's" in str(foreign_store_reason(treellm_objects, [("version", "BIGINT")], ()))
     assert "records no treellm migration" in str(foreign_store_reason(treellm_objects, columns, {"001_users"}))
+
+
+def test_a_reader_of_a_store_whose_migrations_were_interrupted_is_told_to_migrate_it(
+    tmp_path: Path, demo_jsonl: tuple[Path, RunResult]
+) -> None:
+    from treellm.errors import StoreError
+    from treellm.store.connection import NotOwnedError, unmigrated_reason
+    from treellm.store.schema import MIGRATIONS, MIGRATIONS_TABLE_SQL
+
+    db = tmp_path / "interrupted.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute(MIGRATIONS_TABLE_SQL)  # the first migration's transaction never committed
+    con.close()
+    with pytest.raises(StoreError, match=r"is not migrated: it records 0 of \d+ migrations") as caught:
+        open_store(db, read_only=True)
+    assert not isinstance(caught.value, NotOwnedError) and "treellm ingest" in str(caught.value)
+    assert caught.value.path == str(db)
+    done = subprocess.run([sys.executable, "-m", "treellm", "report", "--db", str(db)], capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert [line for line in done.stderr.splitlines() if line.strip()][-1].startswith("treellm: ")
+    assert "is not migrated" in done.stderr
+    assert ingest(db, [demo_jsonl[0]]).runs == 1  # a writer migrates it, then it reads
+    con = open_store(db, read_only=True)
+    assert rows(con, "SELECT count(*) FROM runs") == [(1,)]
+    con.close()
+    names = [name for name, _ in MIGRATIONS]
+    assert unmigrated_reason(names) is None
+    assert unmigrated_reason(names[:2]) == f"it records 2 of {len(names)} migrations (the next is {names[2]})"

@@ -33,7 +33,7 @@ from treellm.store.schema import MIGRATIONS, MIGRATIONS_TABLE, MIGRATIONS_TABLE_
 
 __all__ = [
     "DEFAULT_DB", "ENV_DB", "NotOwnedError", "apply_migrations", "default_db_path", "foreign_store_reason",
-    "open_parquet", "open_store",
+    "open_parquet", "open_store", "unmigrated_reason",
 ]  # fmt: skip
 
 DEFAULT_DB = str(settings.get(settings.TREELLM_DB, {}))
@@ -80,8 +80,20 @@ def foreign_store_reason(
     return f"its {MIGRATIONS_TABLE} table records no treellm migration"
 
 
+def unmigrated_reason(recorded: Collection[str]) -> str | None:
+    """Why a treellm store that records the migrations ``recorded`` cannot be read as it is,
+    or ``None`` when every migration is recorded (pure). A reader never migrates, so a store
+    whose migrations were interrupted (or that an older treellm wrote) needs a writer first."""
+    missing = [name for name, _ in MIGRATIONS if name not in recorded]
+    if not missing:
+        return None
+    done = len(MIGRATIONS) - len(missing)
+    return f"it records {done} of {len(MIGRATIONS)} migrations (the next is {missing[0]})"
+
+
 def _refuse_foreign_store(con: duckdb.DuckDBPyConnection, target: Path, *, read_only: bool) -> None:
-    """Raise :class:`NotOwnedError` unless ``con`` is a treellm store (or, for a writer, empty)."""
+    """Raise :class:`NotOwnedError` unless ``con`` is a treellm store (or, for a writer, empty),
+    and, for a reader, :class:`StoreError` unless its migrations are all recorded."""
     objects = {
         (str(schema), str(name))
         for schema, name in con.execute(
@@ -111,6 +123,13 @@ def _refuse_foreign_store(con: duckdb.DuckDBPyConnection, target: Path, *, read_
             f"{target} is not a treellm store: {reason}; treellm leaves it unchanged (give another path: --db or "
             f"${ENV_DB})",
             name=str(target),
+            path=str(target),
+        )
+    unmigrated = unmigrated_reason(recorded) if read_only else None
+    if unmigrated is not None:
+        raise StoreError(
+            f"{target} is not migrated: {unmigrated}; a reader does not migrate, so run `treellm ingest` on it "
+            "(a writer applies the pending migrations first), then read it again",
             path=str(target),
         )
 
@@ -154,7 +173,8 @@ def open_store(
     A writer gets the schema migrated. A lock held by another process is retried
     ``retries`` times with exponential backoff (``on_busy(attempt)`` is told each
     time, so a UI can say "store busy, retrying"), then :class:`StoreBusyError`.
-    A read-only open of a missing file is a :class:`StoreError` naming it; a file that is
+    A read-only open of a missing file, or of a store whose migrations are not all recorded
+    (interrupted, or an older treellm's), is a :class:`StoreError` naming it; a file that is
     not a treellm store is a :class:`NotOwnedError` naming it, never migrated.
     """
     target = Path(path) if path is not None else default_db_path()
