@@ -26,6 +26,8 @@ __all__ = [
     "repeat_outcomes_chart",
     "runs_over_time_chart",
     "shape_scatter",
+    "timeline_figure",
+    "timeline_order",
     "tree_figure",
     "tree_icicle",
     "what_if_chart",
@@ -36,6 +38,10 @@ STATUS_LINE = {"completed": "#333333", "failed": "#E45756", "running": "#EECA3B"
 PRUNED_COLOR = "rgba(228, 87, 86, 0.35)"
 TREE_ICICLE_AT = 400
 """From this many nodes, the run explorer draws an icicle instead of a node-link tree."""
+TIMELINE_SPANS = 600
+"""The waterfall draws at most this many spans (the first in tree order) and says so."""
+OTHER_SPAN_COLOR = "#BAB0AC"
+FAILED_COLOR = "#E45756"
 
 
 def plotly_text(value: Any, limit: int = 160) -> str:
@@ -57,16 +63,22 @@ def _empty(title: str, message: str) -> go.Figure:
 
 
 def runs_over_time_chart(by_day: pd.DataFrame) -> go.Figure:
-    """Runs, tool calls, pruned calls and wasted repeats per day, with the prune rate."""
+    """Runs, tool calls, pruned calls and wasted repeats per day, with the prune rate: days on
+    a date axis (gaps show as gaps), counts and the rate never drawn below zero."""
     if by_day.empty:
         return _empty("Over time", "no runs")
+    days = pd.to_datetime(by_day["day"])
     fig = go.Figure()
     for column, name in (("runs", "runs"), ("tool_calls", "tool calls"), ("pruned", "pruned"), ("wasted", "wasted")):
-        fig.add_bar(x=by_day["day"], y=by_day[column], name=name)
-    fig.add_scatter(x=by_day["day"], y=by_day["prune_rate"], name="prune rate", yaxis="y2", mode="lines+markers")
+        fig.add_bar(x=days, y=by_day[column], name=name, xperiod=86_400_000, xperiodalignment="middle")
+    fig.add_scatter(x=days, y=by_day["prune_rate"], name="prune rate", yaxis="y2", mode="lines+markers")
+    top = max(float(by_day["prune_rate"].max()), 0.01)
     fig.update_layout(
-        title="Over time", barmode="group", height=320, xaxis={"type": "category"},
-        yaxis_title="count", yaxis2={"overlaying": "y", "side": "right", "tickformat": ".0%", "title": "prune rate"},
+        title="Over time", barmode="group", height=320,
+        xaxis={"type": "date", "tickformat": "%Y-%m-%d", "dtick": 86_400_000 if len(days) <= 14 else None},
+        yaxis={"title": "count", "rangemode": "nonnegative"},
+        yaxis2={"overlaying": "y", "side": "right", "tickformat": ".0%", "title": "prune rate",
+                "range": [0, min(1.0, top * 1.1)], "rangemode": "nonnegative"},
     )  # fmt: skip
     return fig
 
@@ -281,4 +293,87 @@ def tree_icicle(nodes: pd.DataFrame, loops: pd.DataFrame) -> go.Figure:
         )
     )
     fig.update_layout(title=f"Run tree (icicle): {len(nodes)} nodes, {len(loops)} caught call(s)", height=720)
+    return fig
+
+
+# -- the span timeline (waterfall) ----------------------------------------------------------------------
+
+
+def timeline_order(spans: pd.DataFrame) -> list[int]:
+    """The row positions of ``spans`` in tree order (pure): each span, then its children by
+    start time, depth first; spans whose parent is not in the run are roots, by start."""
+    if spans.empty:
+        return []
+    ids = list(spans["span_id"])
+    known = set(ids)
+    children: dict[Any, list[int]] = {}
+    for i, parent in enumerate(spans["parent_span_id"]):
+        children.setdefault(parent if parent in known else None, []).append(i)
+    starts = list(spans["start_ns"])
+    for members in children.values():
+        members.sort(key=lambda i: (starts[i], str(ids[i])))
+    order: list[int] = []
+    seen: set[int] = set()
+    stack = list(reversed(children.get(None, [])))
+    while stack:
+        i = stack.pop()
+        if i in seen:  # a cycle in the parents: each span once
+            continue
+        seen.add(i)
+        order.append(i)
+        stack += reversed(children.get(ids[i], []))
+    order += [i for i in sorted(range(len(ids)), key=lambda i: starts[i]) if i not in seen]
+    return order
+
+
+def _span_hover(row: Any, start_ms: float) -> str:
+    t = plotly_text  # every value below comes from the trace
+    node = f" · node {t(row.node_id)}" if isinstance(row.node_id, str) else ""
+    tool = f" · {t(row.tool)}" if isinstance(row.tool, str) else ""
+    duration = (row.end_ns - row.start_ns) / 1e6
+    return f"{t(row.name)}{tool}{node}<br>starts at {start_ms:,.1f} ms · lasts {duration:,.1f} ms · {t(row.status)}"
+
+
+def timeline_figure(spans: pd.DataFrame, loops: pd.DataFrame | None = None) -> go.Figure:
+    """A run's spans as a waterfall: one bar per span in tree order (:func:`timeline_order`),
+    from its start to its end in ms since the run's first span, coloured by node kind (failed
+    spans outlined red), and each caught call a red cross at its time on the row of the node
+    that asked for it. Rows are numbered, so spans of the same name never merge."""
+    if spans.empty:
+        return _empty("Span timeline", "no spans")
+    order = timeline_order(spans)
+    shown = order[:TIMELINE_SPANS]
+    data = spans.iloc[shown].reset_index(drop=True)
+    origin = int(spans["start_ns"].min())
+    starts = [(s - origin) / 1e6 for s in data["start_ns"]]
+    lengths = [max((e - s) / 1e6, 0.0) for s, e in zip(data["start_ns"], data["end_ns"], strict=True)]
+    rows = list(data.itertuples(index=False))
+    kinds = [r.kind if isinstance(r.kind, str) else None for r in rows]
+    fig = go.Figure()
+    for kind in dict.fromkeys(kinds):
+        members = [i for i, k in enumerate(kinds) if k == kind]
+        fig.add_bar(
+            y=members, x=[lengths[i] for i in members], base=[starts[i] for i in members], orientation="h",
+            name=plotly_text(kind or "other span"), marker_color=KIND_COLORS.get(kind or "", OTHER_SPAN_COLOR),
+            marker_line={"width": [2 if rows[i].status == "failed" else 0 for i in members], "color": FAILED_COLOR},
+            hovertext=[_span_hover(rows[i], starts[i]) for i in members], hoverinfo="text",
+        )  # fmt: skip
+    row_of_node = {r.node_id: i for i, r in enumerate(rows) if isinstance(r.node_id, str)}
+    caught: list[Any] = []
+    if loops is not None and not loops.empty:
+        caught = [r for r in loops.itertuples(index=False) if r.node_id in row_of_node]
+    if caught:
+        fig.add_scatter(
+            x=[(int(r.time_ns) - origin) / 1e6 for r in caught], y=[row_of_node[str(r.node_id)] for r in caught],
+            mode="markers", name="caught call", marker={"symbol": "x", "size": 10, "color": FAILED_COLOR},
+            hovertext=[_pruned_hover(r, "<br>") for r in caught], hoverinfo="text",
+        )  # fmt: skip
+    labels = [plotly_text(f"{r.name}", 48) for r in rows]
+    more = f" (the first {len(shown)} of {len(order)})" if len(order) > len(shown) else ""
+    fig.update_layout(
+        title=f"Span timeline: {len(order)} spans{more}, {len(caught)} caught call(s)",
+        height=min(2400, 160 + 22 * len(rows)), barmode="overlay", legend={"orientation": "h"},
+        xaxis={"title": "ms since the run started", "rangemode": "nonnegative"},
+        yaxis={"tickvals": list(range(len(rows))), "ticktext": labels, "autorange": "reversed"},
+    )  # fmt: skip
     return fig

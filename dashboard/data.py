@@ -234,6 +234,8 @@ def _query(src: Source, stamp: ex.DataVersion, name: str, filters: Filters, extr
                                                                 filters.agent, filters.model, extra[0]))  # fmt: skip
         if name == "runs":
             return ex.run_list(con, filters, limit=RUN_CHOICES)
+        if name == "run_table":
+            return ex.run_table(con, filters, extra[0])
         if name == "shape_groups":
             return shapes_grouped(analysis.shape_by_run(con, filters), extra[0])
         if name == "actions":
@@ -254,12 +256,104 @@ def _run(src: Source, stamp: ex.DataVersion, run_id: str) -> dict[str, pd.DataFr
             "nodes": ex.run_nodes(con, run_id),
             "loops": ex.run_loop_events(con, run_id),
             "run": ex.run_row(con, run_id),
+            "spans": ex.run_spans(con, run_id),
         }
 
 
 def run_detail(run_id: str) -> dict[str, pd.DataFrame]:
-    """One run: its nodes (with captured content), its caught calls, and its runs row."""
+    """One run: its nodes (with captured content), its caught calls, its runs row and its spans."""
     return _run(*_key(), run_id)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def _outcomes(src: Source, stamp: ex.DataVersion) -> tuple[str, ...]:
+    with _connect(src) as con:
+        return ex.outcomes(con)
+
+
+def outcome_choices() -> tuple[str, ...]:
+    """The outcomes the runs have, for the run list's filter."""
+    return _outcomes(*_key())
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def _attributes(src: Source, stamp: ex.DataVersion, run_id: str, node_id: str) -> dict[str, str]:
+    with _connect(src) as con:
+        frame = ex.node_attributes(con, run_id, node_id)
+    return {str(k): str(v) for k, v in zip(frame["key"], frame["value"], strict=True)}
+
+
+def think_chat(run_id: str, node_id: str) -> tuple[ex.ChatMessage, ...]:
+    """Think node ``node_id``'s chat: its stored messages, then the calls it made and those caught."""
+    detail = run_detail(run_id)
+    return ex.think_chat(_attributes(*_key(), run_id, node_id), detail["nodes"], detail["loops"], node_id)
+
+
+def run_table(filters: Filters, *, text: str | None, outcome: str | None, sort: str) -> pd.DataFrame:
+    """The run list of the selection (``explorer.run_table``) as shown: newest or most first,
+    at most :data:`RUN_CHOICES` rows. ``sort`` is one of :data:`SORTS`' keys."""
+    query = ex.RunQuery(text=text or None, outcome=outcome, sort=SORTS[sort], limit=RUN_CHOICES)
+    table: pd.DataFrame = _query(*_key(), "run_table", filters, (query,))
+    return table
+
+
+SORTS: dict[str, ex.RunSort] = {
+    "newest": "start", "wasted repeats": "wasted", "prunes": "pruned", "calls": "calls", "duration": "duration",
+    "nodes": "nodes",
+}  # fmt: skip
+"""The run list's orders, as the page names them (each the largest first)."""
+ChatMessage = ex.ChatMessage
+"""One line of a think node's chat (``explorer.ChatMessage``)."""
+VIEWS = ("tree", "icicle", "timeline", "chat")
+"""What the run explorer shows of a run (the URL's ``view``)."""
+
+
+def run_link(run_id: str, view: str, node: str | None = None) -> str:
+    """The run explorer's relative URL of a run's ``view`` (and node): a deep link (pure)."""
+    from urllib.parse import urlencode
+
+    query = {"run": run_id, "view": view, **({"node": node} if node else {})}
+    return f"run?{urlencode(query)}"
+
+
+def run_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The run list as the page shows it (pure): start as a UTC time, duration in seconds,
+    and a deep link to each run's timeline and chat."""
+    return pd.DataFrame({
+        "started": pd.to_datetime(table["start_ns"], unit="ns", utc=True),
+        "outcome": table["outcome"], "agent": table["agent"], "service": table["service"],
+        "duration_s": table["duration_ns"] / 1e9, "calls": table["calls"], "wasted": table["wasted"],
+        "pruned": table["pruned"], "nodes": table["nodes"], "run_id": table["run_id"],
+        "timeline": [run_link(r, "timeline") for r in table["run_id"]],
+        "chat": [run_link(r, "chat") for r in table["run_id"]],
+    })  # fmt: skip
+
+
+RUN_ROW_COLUMNS = {
+    "started": st.column_config.DatetimeColumn("started (UTC)", format="YYYY-MM-DD HH:mm:ss"),
+    "duration_s": st.column_config.NumberColumn("duration (s)", format="%.2f"),
+    "wasted": st.column_config.NumberColumn("wasted repeats"),
+    "timeline": st.column_config.LinkColumn("timeline", display_text="timeline"),
+    "chat": st.column_config.LinkColumn("chat", display_text="chat"),
+}
+"""Column settings of the run list."""
+
+
+def chat_node(nodes: pd.DataFrame, node_id: str | None) -> str | None:
+    """The think node whose chat shows for ``node_id`` (pure): the node itself when it is a
+    think node, else its nearest think ancestor; the run's first think node when ``node_id``
+    is None or not in the run; None when the run has no think node."""
+    kinds = dict(zip(nodes["node_id"], nodes["kind"], strict=True))
+    parents = dict(zip(nodes["node_id"], nodes["parent_id"], strict=True))
+    seen: set[str] = set()
+    current = node_id
+    while isinstance(current, str) and current in kinds and current not in seen:
+        if kinds[current] == "think":
+            return current
+        seen.add(current)
+        current = parents.get(current)
+    thinks = [n for n, k in kinds.items() if k == "think"]
+    return thinks[0] if thinks else None
 
 
 CONTENT_COLUMNS = ("arguments", "result", "text")

@@ -127,10 +127,10 @@ def test_run_explorer_opens_the_run_and_node_of_a_deep_link(
     sample_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     at = page("run_explorer", sample_store, monkeypatch, run="sample-nudge_and_cache", node="n2")
-    assert at.selectbox(key="run_pick").value == "sample-nudge_and_cache"
+    assert at.query_params["run"] == "sample-nudge_and_cache" and at.code[0].value == "sample-nudge_and_cache"
     assert at.selectbox(key="node_pick").value == "n2"
     assert {m.label: m.value for m in at.metric}["Caught calls"] == "2"
-    caught = at.dataframe[0].value
+    caught = at.dataframe[1].value
     assert sorted(caught["action"]) == ["cache", "nudge"]
     assert any("record 7" in c.value for c in at.code)  # the node's captured result, as text
 
@@ -144,7 +144,7 @@ def test_a_foreign_run_is_drawn_as_a_tree(tmp_path: Path, monkeypatch: pytest.Mo
     ingest(db, [ROOT / "tests" / "data" / "frameworks" / "langgraph.pb"])
     run_id = first_langgraph_run()
     at = page("run_explorer", db, monkeypatch, run=run_id)
-    assert at.selectbox(key="run_pick").value == run_id
+    assert at.query_params["run"] == run_id
     assert int({m.label: m.value for m in at.metric}["Nodes"]) == 7  # 4 thinks, 3 search calls
     con = open_store(db, read_only=True)
     nodes = con.execute(
@@ -317,7 +317,7 @@ def test_no_page_renders_trace_text_or_the_url_as_markup(hostile_db: Path, monke
     for name in ("overview", "shapes", "tools", "tuning"):
         assert assert_trace_text_is_never_markup(page(name, hostile_db, monkeypatch)), name
     at = page("run_explorer", hostile_db, monkeypatch, run=RUN_IDS[0], node=node_id("n2"))
-    assert at.selectbox(key="run_pick").value == RUN_IDS[0] and at.selectbox(key="node_pick").value == node_id("n2")
+    assert at.query_params["run"] == RUN_IDS[0] and at.selectbox(key="node_pick").value == node_id("n2")
     assert assert_trace_text_is_never_markup(at)
     missing = page("run_explorer", hostile_db, monkeypatch, run=MISSING_RUN)
     assert any("not in the store" in w.value for w in missing.warning)

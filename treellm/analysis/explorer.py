@@ -1,5 +1,6 @@
-"""What the dashboard browses, read from the views: filter choices, the run list, one run's
-nodes and caught calls, the actions taken per tool, and a version stamp of the data.
+"""What the dashboard browses, read from the views: filter choices, the run list (sorted,
+filtered, searched), one run's nodes, spans and caught calls, a think node's chat, the
+actions taken per tool, and a version stamp of the data.
 
 Every function takes a store connection (DuckDB, Parquet through DuckDB, or ClickHouse:
 ``treellm.store.engine.StoreConnection``) and reads the views and the ``spans`` relation
@@ -10,25 +11,41 @@ text side by side. Pure functions of the connection: no caching, no connection o
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
 
 from treellm.analysis.filters import Filters
+from treellm.analysis.metrics import CLICKHOUSE_SETTINGS, REPEATS_SQL, REPEATS_SQL_CLICKHOUSE
 from treellm.store.engine import StoreConnection, as_connection
 
 __all__ = [
+    "RUN_SORTS",
+    "RUN_TABLE_COLUMNS",
+    "ChatMessage",
+    "ChatRole",
     "DataVersion",
     "FilterOptions",
+    "RunQuery",
+    "RunSort",
     "actions_by_tool",
+    "chat_messages",
     "data_version",
     "filter_options",
     "id_list_text",
+    "like_pattern",
+    "node_attributes",
+    "outcomes",
     "run_list",
     "run_loop_events",
     "run_nodes",
     "run_row",
+    "run_spans",
+    "run_table",
+    "think_chat",
 ]
 
 
@@ -187,3 +204,302 @@ def actions_by_tool(con: StoreConnection, filters: Filters | None = None) -> pd.
     )
     frame["shadow"] = frame["shadow"].astype(bool)
     return frame
+
+
+# -- the run list: sortable, filterable, searchable ---------------------------------------------------
+
+RunSort = Literal["start", "duration", "calls", "wasted", "pruned", "nodes"]
+RUN_SORTS: tuple[RunSort, ...] = ("start", "duration", "calls", "wasted", "pruned", "nodes")
+"""What the run list sorts by: start time, duration, executed tool calls, wasted repeats,
+pruned calls, nodes."""
+_SORT_COLUMNS: dict[str, str] = {
+    "start": "start_ns", "duration": "duration_ns", "calls": "calls", "wasted": "wasted", "pruned": "pruned",
+    "nodes": "nodes",
+}  # fmt: skip
+RUN_TABLE_COLUMNS = (
+    "run_id", "start_ns", "outcome", "service", "agent", "model", "duration_ns", "calls", "wasted", "pruned", "nodes",
+    "matching",
+)  # fmt: skip
+"""The columns of :func:`run_table`, in order (``matching``: how many runs match, whatever the limit)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunQuery:
+    """Which runs the run list shows and in what order, beyond the shared :class:`Filters`:
+    ``text`` found (case-insensitive, as a plain substring) in a tool call's captured
+    arguments or result or a caught call's arguments; an ``outcome``; the sort key and
+    direction; and at most ``limit`` rows. Invalid values raise ``ValueError``."""
+
+    text: str | None = None
+    outcome: str | None = None
+    sort: RunSort = "start"
+    descending: bool = True
+    limit: int = 500
+
+    def __post_init__(self) -> None:
+        if self.sort not in RUN_SORTS:
+            raise ValueError(f"expected a sort key among {', '.join(RUN_SORTS)}, got {self.sort!r}")
+        if self.limit < 1:
+            raise ValueError(f"expected a limit >= 1, got {self.limit}")
+
+
+def like_pattern(text: str) -> str:
+    """``text`` as an ``ILIKE`` pattern that matches it as a plain substring (pure): ``\\``,
+    ``%`` and ``_`` escaped with a backslash, the escape character of both dialects' text."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+_RUN_TABLE_SQL = """
+WITH wasted_runs AS (
+    SELECT x.run_id AS run_id, count(*) AS wasted FROM ({repeats}) x WHERE x.outcome = 'wasted' GROUP BY x.run_id
+)
+SELECT r.run_id AS run_id, r.start_ns AS start_ns, r.outcome AS outcome, r.service AS service, r.agent AS agent,
+       r.model AS model, r.duration_ns AS duration_ns, r.tool_nodes AS calls, coalesce(w.wasted, 0) AS wasted,
+       r.pruned_calls AS pruned, r.nodes AS nodes, count(*) OVER () AS matching
+FROM runs r LEFT JOIN wasted_runs w ON w.run_id = r.run_id
+WHERE {where}
+ORDER BY {sort} {direction} NULLS LAST, r.run_id
+LIMIT {limit}
+"""
+
+# The text search, a semi-join on the spans (tool calls) and on the caught calls. DuckDB's
+# LIKE has no escape character unless it is named; ClickHouse's is the backslash, always.
+_TEXT_MATCH = """r.run_id IN (
+    SELECT s.run_id FROM spans s
+    WHERE s.run_id IS NOT NULL AND s.tool_name IS NOT NULL AND (s.arguments ILIKE ?{escape} OR s.result ILIKE ?{escape})
+    UNION ALL
+    SELECT l.run_id FROM loop_events l WHERE l.arguments ILIKE ?{escape})"""
+
+
+def run_table(con: StoreConnection, filters: Filters | None = None, query: RunQuery | None = None) -> pd.DataFrame:
+    """The runs of the selection that match ``query`` (:data:`RUN_TABLE_COLUMNS`), sorted by
+    its key (ties by run id), at most ``query.limit`` rows. ``wasted`` counts the run's
+    executed repeats judged wasted (``analysis.metrics``: the overview's count, per run);
+    a tool in ``filters`` keeps the runs that called it. Values reach the SQL as parameters."""
+    f, q = filters or Filters(), query or RunQuery()
+    c = as_connection(con)
+    clickhouse = c.dialect == "clickhouse"
+    runs_only = Filters(f.since, f.until, f.service, f.agent, f.model)
+    repeat_where, params = runs_only.where("c", tool_column=None)
+    where, run_params = runs_only.run_condition("r")
+    clauses, params = [where], [*params, *run_params]
+    if f.tool is not None:
+        clauses.append("r.run_id IN (SELECT s.run_id FROM spans s WHERE s.tool_name = ?)")
+        params.append(f.tool)
+    if q.outcome is not None:
+        clauses.append("r.outcome = ?")
+        params.append(q.outcome)
+    if q.text:
+        clauses.append(_TEXT_MATCH.format(escape="" if clickhouse else " ESCAPE '\\'"))
+        params += [like_pattern(q.text)] * 3
+    repeats = REPEATS_SQL_CLICKHOUSE if clickhouse else REPEATS_SQL
+    sql = _RUN_TABLE_SQL.format(
+        repeats=repeats.format(where=repeat_where), where=" AND ".join(clauses), sort=_SORT_COLUMNS[q.sort],
+        direction="DESC" if q.descending else "ASC", limit=int(q.limit),
+    )  # fmt: skip
+    frame = c.df(sql + (CLICKHOUSE_SETTINGS if clickhouse else ""), params)
+    for column in ("calls", "wasted", "pruned", "nodes", "matching"):
+        frame[column] = frame[column].astype("int64")
+    return frame[list(RUN_TABLE_COLUMNS)]
+
+
+def outcomes(con: StoreConnection) -> tuple[str, ...]:
+    """The outcomes the runs have (sorted)."""
+    return _texts(as_connection(con).df("SELECT DISTINCT r.outcome AS outcome FROM runs r")["outcome"])
+
+
+# -- one run's spans (the waterfall) and one node's stored attributes (the chat) ----------------------
+
+_RUN_SPANS_SQL = """
+SELECT s.span_id AS span_id, s.parent_span_id AS parent_span_id, s.name AS name, s.operation AS operation,
+       CASE WHEN s.node_kind IS NOT NULL OR s.operation IN ('execute_tool', 'chat')
+            THEN coalesce(s.node_id, s.span_id) END AS node_id,
+       coalesce(s.node_kind, CASE s.operation WHEN 'execute_tool' THEN 'tool' WHEN 'chat' THEN 'think' END) AS kind,
+       s.tool_name AS tool, s.start_ns AS start_ns, s.end_ns AS end_ns,
+       CASE WHEN s.status_code = 2 OR s.node_status = 'failed' THEN 'failed' ELSE 'ok' END AS status
+FROM spans s WHERE s.run_id = ?
+ORDER BY s.start_ns, s.span_id
+"""
+
+
+def run_spans(con: StoreConnection, run_id: str) -> pd.DataFrame:
+    """Every span of one run in start order, for a waterfall: ids, name, operation, node id
+    and kind (None: not a node), tool, start and end (ns) and ``ok``/``failed``."""
+    return as_connection(con).df(_RUN_SPANS_SQL, [run_id])
+
+
+_NODE_ATTRIBUTES_SQL = """
+SELECT a.key AS key, a.value AS value FROM (
+    SELECT unnest(map_keys(s.attributes)) AS key, unnest(map_values(s.attributes)) AS value
+    FROM spans s WHERE s.run_id = ? AND coalesce(s.node_id, s.span_id) = ?
+) a ORDER BY a.key
+"""
+_NODE_ATTRIBUTES_SQL_CLICKHOUSE = """
+SELECT k AS key, v AS value
+FROM spans s ARRAY JOIN mapKeys(s.attributes) AS k, mapValues(s.attributes) AS v
+WHERE s.run_id = ? AND coalesce(s.node_id, s.span_id) = ?
+ORDER BY key
+"""
+
+
+def node_attributes(con: StoreConnection, run_id: str, node_id: str) -> pd.DataFrame:
+    """The stored attributes (``key``, ``value``, by key) of one node's span: redacted as the
+    store keeps them."""
+    c = as_connection(con)
+    sql = _NODE_ATTRIBUTES_SQL_CLICKHOUSE if c.dialect == "clickhouse" else _NODE_ATTRIBUTES_SQL
+    return c.df(sql, [run_id, node_id])
+
+
+# -- a think node as a chat (pure) --------------------------------------------------------------------
+
+ChatRole = Literal["system", "user", "assistant", "tool", "caught"]
+_ROLES: dict[str, ChatRole] = {
+    "system": "system", "developer": "system", "user": "user", "human": "user", "assistant": "assistant",
+    "ai": "assistant", "model": "assistant", "tool": "tool", "function": "tool", "ipython": "tool",
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One line of a think node's chat: a message's ``text``, or a tool call (``tool`` and its
+    ``arguments``; ``text`` is then its result, or for a caught call what was done).
+    ``role`` is one of :data:`ChatRole`; ``stored_role`` the role as the trace spelled it;
+    ``status`` a tool call's status (``completed``, ``failed``) or a caught call's action."""
+
+    role: ChatRole
+    text: str = ""
+    tool: str | None = None
+    arguments: str | None = None
+    stored_role: str = ""
+    status: str | None = None
+
+
+def _role(value: object, default: ChatRole = "user") -> tuple[ChatRole, str]:
+    stored = "" if value is None else str(value)
+    return _ROLES.get(stored.lower(), default), stored
+
+
+_OPENINFERENCE = re.compile(r"llm\.(input|output)_messages\.(\d+)\.message\.(.+)")
+_TRACELOOP = re.compile(r"gen_ai\.(prompt|completion)\.(\d+)\.(.+)")
+_CALL_FIELD = re.compile(r"tool_calls\.(\d+)\.(?:tool_call\.)?(?:function\.)?(name|arguments)")
+
+
+def _indexed(attributes: Mapping[str, str], pattern: re.Pattern[str]) -> list[tuple[str, dict[str, str]]]:
+    """Flattened messages (``prefix.N.field``) gathered per (side, N), inputs first, by N."""
+    grouped: dict[tuple[str, int], dict[str, str]] = {}
+    for key, value in attributes.items():
+        match = pattern.fullmatch(key)
+        if match:
+            grouped.setdefault((match[1], int(match[2])), {})[match[3]] = value
+    order = {"input": 0, "prompt": 0, "output": 1, "completion": 1}
+    return [(side, fields) for (side, _), fields in sorted(grouped.items(), key=lambda i: (order[i[0][0]], i[0][1]))]
+
+
+def _flat_messages(attributes: Mapping[str, str], pattern: re.Pattern[str]) -> list[ChatMessage]:
+    out: list[ChatMessage] = []
+    for side, fields in _indexed(attributes, pattern):
+        role, stored = _role(fields.get("role"), "assistant" if side in ("output", "completion") else "user")
+        text = fields.get("content") or "\n".join(
+            v for k, v in sorted(fields.items()) if re.fullmatch(r"contents\.\d+\.message_content\.text", k)
+        )
+        if text:
+            out.append(ChatMessage(role, text, stored_role=stored))
+        calls: dict[int, dict[str, str]] = {}
+        for key, value in fields.items():
+            match = _CALL_FIELD.fullmatch(key)
+            if match:
+                calls.setdefault(int(match[1]), {})[match[2]] = value
+        out += [ChatMessage(role, "", c.get("name", "?"), c.get("arguments"), stored) for _, c in sorted(calls.items())]
+    return out
+
+
+def _text_of(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    return "" if value is None else json.dumps(value, ensure_ascii=False)
+
+
+def _json_messages(raw: str, default: ChatRole) -> list[ChatMessage]:
+    """GenAI's JSON messages (``gen_ai.input.messages``, ``gen_ai.output.messages``): a role
+    with ``parts`` (text, tool calls, tool call responses) or a ``content``; text that is no
+    such JSON is one message of ``default``'s role."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return [ChatMessage(default, raw)]
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list):
+        return [ChatMessage(default, _text_of(value))]
+    out: list[ChatMessage] = []
+    for item in value:
+        if not isinstance(item, dict):
+            out.append(ChatMessage(default, _text_of(item)))
+            continue
+        if "tool.name" in item:  # any-agent's gen_ai.output: the calls the model asked for
+            out.append(ChatMessage("assistant", "", str(item["tool.name"]), _text_of(item.get("tool.args"))))
+            continue
+        role, stored = _role(item.get("role"), default)
+        parts = item.get("parts")
+        if not isinstance(parts, list):
+            parts = [{"type": "text", "content": item.get("content")}]
+            parts += [c.get("function", c) for c in item.get("tool_calls") or [] if isinstance(c, dict)]
+        for part in parts:
+            if not isinstance(part, dict):
+                continue
+            if part.get("type") in ("tool_call", "function") or "arguments" in part:
+                out.append(ChatMessage(role, "", str(part.get("name", "?")), _text_of(part.get("arguments")), stored))
+            elif part.get("type") == "tool_call_response":
+                out.append(ChatMessage("tool", _text_of(part.get("response")), stored_role=stored))
+            elif part.get("content") is not None:
+                out.append(ChatMessage(role, _text_of(part["content"]), stored_role=stored))
+    return out
+
+
+def chat_messages(attributes: Mapping[str, str]) -> tuple[ChatMessage, ...]:
+    """A think node's messages, read from its span's stored attributes (pure): OpenInference's
+    ``llm.input_messages`` / ``llm.output_messages``, GenAI's ``gen_ai.system_instructions``,
+    ``gen_ai.input.messages`` and ``gen_ai.output.messages`` (JSON), Traceloop's and older
+    GenAI's ``gen_ai.prompt.N`` / ``gen_ai.completion.N``, any-agent's ``gen_ai.output``, and
+    treellm's ``treellm.think.text``: the first convention found; texts as stored."""
+    for pattern in (_OPENINFERENCE, _TRACELOOP):
+        flat = _flat_messages(attributes, pattern)
+        if flat:
+            return tuple(flat)
+    out: list[ChatMessage] = []
+    if "gen_ai.system_instructions" in attributes:
+        out += _json_messages(attributes["gen_ai.system_instructions"], "system")
+    if "gen_ai.input.messages" in attributes:
+        out += _json_messages(attributes["gen_ai.input.messages"], "user")
+    for key in ("gen_ai.output.messages", "gen_ai.output"):
+        if key in attributes:
+            out += _json_messages(attributes[key], "assistant")
+            break
+    else:
+        if attributes.get("treellm.think.text"):
+            out.append(ChatMessage("assistant", attributes["treellm.think.text"]))
+    return tuple(out)
+
+
+def think_chat(attributes: Mapping[str, str], nodes: pd.DataFrame, loops: pd.DataFrame, node_id: str) -> tuple[
+    ChatMessage, ...
+]:  # fmt: skip
+    """The chat of think node ``node_id`` (pure): its messages (:func:`chat_messages`), then
+    each tool call it made that ran (``nodes``, as :func:`run_nodes` gives them: arguments
+    and result as stored) and each call of it that was caught (``loops``, as
+    :func:`run_loop_events` gives them: the action taken)."""
+    out = list(chat_messages(attributes))
+    if not nodes.empty:
+        calls = nodes[(nodes["parent_id"] == node_id) & (nodes["kind"] == "tool")]
+        for row in calls.itertuples(index=False):
+            result = row.result if isinstance(row.result, str) else ""
+            arguments = row.arguments if isinstance(row.arguments, str) else None
+            out.append(ChatMessage("tool", result, str(row.tool), arguments, status=str(row.status)))
+    if not loops.empty:
+        for row in loops[loops["node_id"] == node_id].itertuples(index=False):
+            shadow = " (shadow: it ran)" if row.shadow else ""
+            what = f"{row.action}{shadow}: count {row.count} reached the limit {row.limit} ({row.limit_source})"
+            arguments = row.arguments if isinstance(row.arguments, str) else None
+            out.append(ChatMessage("caught", what, str(row.tool), arguments, status=str(row.action)))
+    return tuple(out)
