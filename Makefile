@@ -1,23 +1,33 @@
 # Two commands on a fresh machine: `make demo` and `make test`.
 # Each target creates .venv with `python3 -m venv` when it is missing and installs
-# the project with its pinned dependencies (constraints.txt).
+# the project with its pinned dependencies (constraints.txt), showing pip's progress.
+# `make demo ARGS=--no-dashboard` runs the demo headless (ARGS go to `treellm demo`);
+# `make dist` builds the sdist and the wheel into dist/.
 
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.treellm-installed
 
-.PHONY: demo test lint bench install clean constraints browser js frameworks wheelhouse
+ARGS   ?=
+
+.PHONY: demo test lint bench install clean constraints browser js frameworks wheelhouse dist
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	@echo "installing treellm and its pinned dependencies into $(VENV) (a minute or two the first time)"
+	$(BIN)/python -m pip install --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	@touch $@
 
 demo: $(STAMP)
-	$(BIN)/treellm demo
+	$(BIN)/treellm demo $(ARGS)
+
+# The sdist, then the wheel built from it (the dashboard and sample_traces inside), offline:
+# hatchling and build come with .[dev]. `pip install dist/treellm-*.whl` installs it elsewhere.
+dist: $(STAMP)
+	$(BIN)/python -m build --no-isolation --outdir dist .
 
 # The browser test drives Debian's chromium; install it when missing and apt-get is usable (root, as on CI).
 browser:
@@ -49,12 +59,14 @@ frameworks: $(FW_STAMPS)
 	  -r tests/frameworks/$*/requirements.txt -e . -c tests/frameworks/$*/constraints.txt
 	@touch $@
 
-# Wheels of treellm's dependencies (every extra), pinned: the slim-install test and the
-# install-size benchmark build fresh virtual environments from them offline.
+# Wheels of treellm's dependencies (every extra), pinned: the slim-install and wheel-install
+# tests and the install-size benchmark build fresh virtual environments from them offline.
+# treellm's own wheel is removed: each test builds it from the tree it tests, never a stale copy.
 WHEELHOUSE := .wheelhouse/.complete
 wheelhouse: $(WHEELHOUSE)
 $(WHEELHOUSE): pyproject.toml constraints.txt | $(STAMP)
 	$(BIN)/python -m pip wheel --quiet --disable-pip-version-check -c constraints.txt -w .wheelhouse '.[all]'
+	rm -f .wheelhouse/treellm-*.whl
 	@touch $@
 
 test: $(STAMP) browser js frameworks wheelhouse
@@ -77,4 +89,4 @@ constraints:
 	rm -rf .venv-pin
 
 clean:
-	rm -rf $(VENV) .venv-fw .wheelhouse .pytest_cache .mypy_cache .ruff_cache tests/js/node_modules
+	rm -rf $(VENV) .venv-fw .wheelhouse dist .pytest_cache .mypy_cache .ruff_cache tests/js/node_modules
