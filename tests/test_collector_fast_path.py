@@ -8,9 +8,13 @@ import gzip
 import math
 import os
 import signal
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,7 +24,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, Instr
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
-from treellm.collector import CollectorConfig
+from treellm.collector import Collector, CollectorConfig
 from treellm.collector.decode import decode_protobuf, decode_request
 from treellm.collector.errors import BadRequest, PayloadTooLarge
 from treellm.collector.pool import DecodePool
@@ -252,6 +256,7 @@ def test_refusals_cross_the_process_boundary_as_the_decoders_errors(pool: Decode
 def test_a_worker_that_dies_costs_no_request_and_the_pool_starts_again() -> None:
     pool = DecodePool(1, inline_bytes=1)
     try:
+        pool.warm()
         [pid] = {pool._pool().submit(os.getpid).result() for _ in range(2)}
         os.kill(pid, signal.SIGKILL)
         body = _body(10)
@@ -261,6 +266,25 @@ def test_a_worker_that_dies_costs_no_request_and_the_pool_starts_again() -> None
         assert pool.restarts == 1
     finally:
         pool.close()
+
+
+class _NeverStarts(Executor):
+    """A process pool whose workers cannot start (as when the main module cannot be imported)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        future.set_exception(BrokenProcessPool("a child process terminated abruptly"))
+        return future
+
+
+def test_workers_that_cannot_start_leave_decoding_on_threads_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    pool = DecodePool(2, inline_bytes=1)
+    pool._executor = _NeverStarts()  # type: ignore[assignment]
+    body = _body(10)
+    for _ in range(3):
+        assert asyncio.run(pool.decode(body, "identity", "protobuf", 2**20, decode_request)).accepted == 10
+    assert (pool.workers, pool.restarts, pool._executor) == (0, 0, None)
+    assert len([r for r in caplog.records if "cannot start" in r.getMessage()]) == 1
 
 
 def test_without_workers_bodies_are_decoded_on_threads() -> None:
@@ -275,3 +299,35 @@ def test_decode_workers_is_a_validated_setting(value: object) -> None:
     with pytest.raises(ConfigError, match="decode_workers: expected"):
         CollectorConfig(decode_workers=value)  # type: ignore[arg-type]
     assert CollectorConfig(decode_workers=0).decode_workers == 0
+
+
+def test_a_live_collector_stores_repeated_keys_of_spans_events_and_links_last_wins(tmp_path: Path) -> None:
+    spans = [rich_span(i) for i in range(300)]  # a body above the inline size: decoded by a worker process
+    for span in spans[:2]:
+        span.attributes.add(key="str", value=s("last"))
+        span.events[0].attributes.add(key="k", value=s("last"))
+        span.links[0].attributes.add(key="l", value=s("last"))
+    body = request(ScopeSpans(spans=spans)).SerializeToString()
+    collector = Collector(tmp_path / "s.duckdb", CollectorConfig(port=0, decode_workers=2))
+    collector.start()
+    try:
+        headers = {"content-type": "application/x-protobuf", "content-encoding": "gzip"}
+        response = httpx.post(collector.url, content=gzip.compress(body), headers=headers, timeout=60)
+        assert response.status_code == 200 and response.content == b""  # no partial success: nothing rejected
+    finally:
+        assert collector.stop()
+    stats = collector.stats()
+    assert (stats.accepted_spans, stats.flusher.rejected_segments, stats.decode_restarts) == (300, 0, 0)
+    con = open_store(tmp_path / "s.duckdb", read_only=True)
+    try:
+        found = con.execute(
+            f"SELECT s.name, s.attributes['str'], e.attributes['k'], l.attributes['l'], "
+            f"s.attributes['{DUPLICATE_KEYS}'] FROM spans s JOIN span_events e USING (trace_id, span_id) "
+            "JOIN span_links l USING (trace_id, span_id) WHERE e.event_index = 0 ORDER BY s.span_id LIMIT 3"
+        ).fetchall()
+        assert con.execute("SELECT count(*) FROM spans").fetchone() == (300,)
+    finally:
+        con.close()
+    recorded = '{"values":[{"stringValue":"str"},{"stringValue":"events[0]:k"},{"stringValue":"links[0]:l"}]}'
+    assert found == [("s0", "last", "last", "last", recorded), ("s1", "last", "last", "last", recorded),
+                     ("s2", "x", "v", "5", None)]  # fmt: skip

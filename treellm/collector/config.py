@@ -78,7 +78,9 @@ class CollectorConfig:
       client without one.
     - ``decode_workers``: the processes that decode request bodies off the event loop (None: one
       per core the process may run on; 0: decode on threads, one core). Small bodies are
-      decoded on the event loop all the same.
+      decoded on the event loop all the same. The processes are spawned: a program that starts a
+      collector itself guards its start with ``if __name__ == "__main__":`` (else they cannot
+      start, and it decodes on threads, saying so once).
     """
 
     host: str = "127.0.0.1"

@@ -14,7 +14,11 @@ Contract:
 - :meth:`DecodePool.decode` is awaited on the event loop and never blocks it. A worker that
   dies (killed, out of memory) breaks the pool: that request and those in flight are decoded
   again on a thread, the broken pool is shut down and a new one started on the next request,
-  and the break is logged and counted (``restarts``). Bodies below ``inline_bytes`` (sent without
+  and the break is logged and counted (``restarts``). When the pool breaks before any worker
+  ever answered, workers cannot start here (a ``spawn``'d process imports the program's main
+  module: one read from stdin cannot be, and a script must guard its own start with
+  ``if __name__ == "__main__":``, as :mod:`multiprocessing` requires): the pool decodes on threads
+  from then on and says so once. Bodies below ``inline_bytes`` (sent without
   a content coding) are decoded on the event loop: a round trip to a process costs more.
 - :meth:`DecodePool.close` (the owner, after the event loop stopped) ends the workers.
 """
@@ -91,6 +95,7 @@ class DecodePool:
         self.restarts = 0
         self._executor: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._answered = False  # a worker has answered once: they can start here
 
     def _pool(self) -> ProcessPoolExecutor:
         with self._lock:
@@ -102,8 +107,13 @@ class DecodePool:
         """Start every worker now (blocks until each has imported the decoders)."""
         if self.workers:
             pool = self._pool()
-            for future in [pool.submit(_ready) for _ in range(self.workers * 2)]:
-                future.result()
+            try:
+                for future in [pool.submit(_ready) for _ in range(self.workers * 2)]:
+                    future.result()
+            except BrokenProcessPool:
+                self._broken(pool)
+                return
+            self._answered = True
 
     def warm_soon(self) -> None:
         """:meth:`warm` on a thread of its own (the owner does not wait; a request arriving first
@@ -113,7 +123,7 @@ class DecodePool:
     def _warm_quietly(self) -> None:
         try:
             self.warm()
-        except (BrokenProcessPool, CancelledError, RuntimeError) as exc:  # closed, or a worker died, meanwhile
+        except (CancelledError, RuntimeError) as exc:  # closed meanwhile
             logger.debug("the decoding processes were not all started: %r", exc)
 
     async def decode(self, body: bytes, coding: ContentCoding, encoding: Encoding, limit: int,
@@ -130,6 +140,8 @@ class DecodePool:
             except BrokenProcessPool:
                 self._broken(pool)
                 result = await run_in_threadpool(_decode, body, coding, encoding, limit, decoder)
+            else:
+                self._answered = True
         if isinstance(result, _Failure):
             raise result.error()
         return result
@@ -139,10 +151,18 @@ class DecodePool:
             if self._executor is not pool:
                 return  # another request saw it first
             self._executor = None
-            self.restarts += 1
-            logger.error("a decoding process of the collector died; its requests are decoded on a thread and a new "
-                         "pool is started")  # fmt: skip
-            pool.shutdown(wait=False, cancel_futures=True)
+            if self._answered:
+                self.restarts += 1
+                logger.error("a decoding process of the collector died; its requests are decoded on a thread and a "
+                             "new pool is started")  # fmt: skip
+            else:
+                self.workers = 0
+                logger.warning(
+                    "the collector's decoding processes cannot start (a spawned process imports the main module of "
+                    "the program: guard its start with if __name__ == '__main__', or set decode_workers=0); "
+                    "decoding on threads, one core"
+                )
+        pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
         """End the workers (after the requests using them are answered)."""
