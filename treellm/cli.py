@@ -373,19 +373,34 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         _print_json(report.to_json())
     else:
         console = _console(stderr=False)
-        console.print(
-            f"{report.files} file(s) into {db}: {report.spans} new span(s), {report.runs} run(s), "
-            f"{report.duplicates} duplicate(s), {report.skipped} torn line(s) skipped",
-            markup=False,
-        )
-        for path in report.empty_files:
-            console.print(f"empty file: {path}", markup=False)
+        for line in _ingest_summary(report, db):
+            console.print(line, markup=False)
+    for path in report.skipped_files:
+        print(_plain(f"treellm: skipped a file of another type: {path}"), file=sys.stderr)
     for bad in report.bad_records:
         where = f"line {bad.line}" if bad.line is not None else f"record {bad.record}"
         print(_plain(f"treellm: skipped a bad record: {bad.path} {where}: {bad.reason}"), file=sys.stderr)
     for warning in report.warnings:
         print(_plain(f"treellm: warning: {warning}"), file=sys.stderr)
     return 0
+
+
+def _ingest_summary(report: Any, db: str) -> list[str]:
+    """The lines ``ingest`` prints for people: the counts, where the new spans went (they add up
+    to the new spans), and the empty files."""
+    lines = [
+        f"{report.files} file(s) into {db}: {report.spans} new span(s), {report.runs} run(s), "
+        f"{report.duplicates} duplicate(s), {report.skipped} torn line(s) skipped"
+    ]
+    a = report.accounting
+    if a.spans:
+        nowhere = "".join(f", {u.spans} placed nowhere ({u.reason})" for u in a.unplaced)
+        lines.append(
+            f"spans: {a.runs} run root(s), {a.nodes} node(s) ({a.tool_calls} tool call(s)), "
+            f"{a.in_run} other span(s) in runs{nowhere}; {a.loop_events} caught call(s)"
+        )
+    lines.extend(f"empty file: {path}" for path in report.empty_files)
+    return lines
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -401,7 +416,8 @@ def _cmd_gc(args: argparse.Namespace) -> int:
 
     report = gc(_db(args), parse_age(args.older_than))
     _print_json({"runs": report.runs, "spans": report.spans, "bytes_before": report.bytes_before,
-                 "bytes_after": report.bytes_after})  # fmt: skip
+                 "bytes_after": report.bytes_after, "bytes_freed": report.bytes_freed,
+                 "compacted": report.compacted})  # fmt: skip
     return 0
 
 
@@ -501,20 +517,81 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_report(data: dict[str, Any]) -> None:
-    from rich.console import Console
+_REPORT_COLUMNS = (
+    ("calls", "calls", "calls"),
+    ("pruned", "pruned", "pruned"),
+    ("prune_rate", "prune rate", "prune rate"),
+    ("identical_repeats", "identical repeats", "ident. rep."),
+    ("identical_wasted", "identical wasted", "ident. wasted"),
+    ("exact_repeats", "exact repeats", "exact rep."),
+    ("productive_repeats", "productive", "prod."),
+    ("wasted_repeats", "wasted", "wasted"),
+    ("unknown_repeats", "unknown", "unkn."),
+    ("near_repeats", "near repeats", "near rep."),
+)
+"""The report's numbers per tool: (key, header, abbreviated header). Productive, wasted and
+unknown are among the exact repeats; the identical wasted among the identical repeats."""
+_REPORT_LEGEND = "ident.: identical; rep.: repeats; prod./wasted/unkn.: of the exact repeats"
+
+
+def _report_cell(item: dict[str, Any], key: str) -> str:
+    value = item[key]
+    return f"{value:.1%}" if key == "prune_rate" else str(value)
+
+
+def _report_table(data: dict[str, Any], names: list[Any], *, abbreviated: bool) -> tuple[Any, int]:
+    """The report as one table, and the least width it needs: tool names never wrapped, headers
+    wrapped between words, each column at least as wide as its longest word or value, one
+    space between columns (so at that width nothing is cut)."""
+    from rich import box
     from rich.table import Table
 
     from treellm.inspector import terminal_text
 
-    table = Table(title=f"{data['runs']} runs, {data['tool_calls']} tool calls, {data['pruned']} pruned")
-    columns = ["tool", "calls", "pruned", "prune_rate", "identical_repeats", "identical_wasted", "exact_repeats",
-               "productive_repeats", "wasted_repeats", "unknown_repeats", "near_repeats"]  # fmt: skip
-    for column in columns:
-        table.add_column(column.replace("_", " "), justify="left" if column == "tool" else "right", no_wrap=True)
-    for item in data["tools"]:
-        table.add_row(*[terminal_text(f"{item[c]:.1%}" if c == "prune_rate" else item[c]) for c in columns])
-    Console(width=max(120, _console(stderr=False).width)).print(table)
+    title = f"{data['runs']} runs, {data['tool_calls']} tool calls, {data['pruned']} pruned"
+    table = Table(
+        title=title, caption=_REPORT_LEGEND if abbreviated else None, box=box.SIMPLE_HEAD,
+        show_edge=False, padding=0,
+    )  # fmt: skip
+    widths = [max([n.cell_len for n in names] + [len("tool")])]
+    table.add_column("tool", no_wrap=True, min_width=widths[0])
+    for key, header, short in _REPORT_COLUMNS:
+        shown = short if abbreviated else header
+        widths.append(max([len(w) for w in shown.split()] + [len(_report_cell(item, key)) for item in data["tools"]]))
+        table.add_column(shown, justify="right", min_width=widths[-1])
+    for name, item in zip(names, data["tools"], strict=True):
+        table.add_row(name, *[terminal_text(_report_cell(item, key)) for key, _, _ in _REPORT_COLUMNS])
+    return table, sum(widths) + len(widths) - 1
+
+
+def _report_renderable(data: dict[str, Any], width: int) -> Any:
+    """The report for a terminal ``width`` columns wide, never cutting a tool name: a table with
+    the full headers (wrapped between words) when it fits, else with abbreviated headers, else
+    one block per tool (its name on a line of its own, folded only past the width, then its
+    numbers, wrapped between them)."""
+    from rich.console import Group
+    from rich.padding import Padding
+    from rich.text import Text
+
+    from treellm.inspector import terminal_text
+
+    names = [terminal_text(item["tool"]) for item in data["tools"]]
+    for abbreviated in (False, True):
+        table, needed = _report_table(data, names, abbreviated=abbreviated)
+        if needed <= width:
+            return table
+    blocks: list[Any] = [Text(f"{data['runs']} runs, {data['tool_calls']} tool calls, {data['pruned']} pruned")]
+    for name, item in zip(names, data["tools"], strict=True):
+        name.overflow = "fold"
+        name.stylize("bold")
+        numbers = "  ".join(f"{header} {_report_cell(item, key)}" for key, header, _ in _REPORT_COLUMNS)
+        blocks.extend([name, Padding(Text(numbers), (0, 0, 0, 2))])
+    return Group(*blocks)
+
+
+def _print_report(data: dict[str, Any]) -> None:
+    console = _console(stderr=False)
+    console.print(_report_renderable(data, console.width))
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pandas as pd
+
 from treellm.analysis.filters import Filters
 from treellm.analysis.metrics import prune_rate_by_tool, repeat_outcome_by_tool, totals
 from treellm.analysis.near import near_repeats_by_tool
@@ -13,6 +15,7 @@ from treellm.analysis.repeats import repeats as identical_repeats
 from treellm.analysis.rules import rules_by_tool
 from treellm.analysis.tuning import DEFAULT_MIN_PRODUCTIVE, DEFAULT_MIN_SAMPLES, DEFAULT_TOLERANCE, tuning_by_tool
 from treellm.store.engine import StoreConnection
+from treellm.store.ingest import UNKNOWN_TOOL
 
 __all__ = ["report", "tune"]
 
@@ -41,7 +44,7 @@ def report(con: StoreConnection, filters: Filters | None = None) -> dict[str, An
     for tool, r in rates.items():
         rep = repeats.get(tool, none)
         tools.append(
-            {"tool": str(tool), "calls": int(r["calls"]), "pruned": int(r["pruned"]),
+            {"tool": _tool_name(tool), "calls": int(r["calls"]), "pruned": int(r["pruned"]),
              "prune_rate": round(float(r["prune_rate"]), 4), "exact_repeats": int(rep["repeats"]),
              "productive_repeats": int(rep["productive"]), "wasted_repeats": int(rep["wasted"]),
              "unknown_repeats": int(rep["unknown"]),
@@ -52,6 +55,14 @@ def report(con: StoreConnection, filters: Filters | None = None) -> dict[str, An
     out["tools"] = tools
     out["identical_repeats"] = len(every)
     return out
+
+
+def _tool_name(tool: Any) -> str:
+    """A tool as the report names it: a span that names no tool (None, or NaN from a DataFrame
+    over ClickHouse) is :data:`~treellm.store.ingest.UNKNOWN_TOOL`, never ``None`` or ``nan``."""
+    if tool is None or tool == "" or (not isinstance(tool, str) and pd.isna(tool)):
+        return UNKNOWN_TOOL
+    return str(tool)
 
 
 def tune(

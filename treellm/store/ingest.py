@@ -19,6 +19,17 @@ Contract:
 - A record a reader stores but doubts (a trajectory run with assistant turns and no call
   found) is kept and reported in ``FileReport.warnings`` (``IngestReport.warnings``), which
   the CLI prints on stderr.
+- Every new span is accounted for (:class:`Accounting`, computed inside the file's
+  transaction once its spans are placed): it starts a run, is a node (a tool call among
+  them), sits inside a run as context (a chain, a graph step, a skill), or is stored but
+  placed nowhere, for one reason of :data:`UNPLACED_REASONS`; the counts add up to the
+  file's new spans, and each reason is a warning naming its first span. Caught calls
+  (``loop:detected`` events) are counted beside them, those naming no tool too.
+- A span of treellm's own scope that lacks treellm's run id (an older version, a hand-made
+  span) is read by the GenAI conventions like any other framework's span, instead of
+  being stored outside every run: its treellm node id and kind are cleared first.
+- A folder is walked for trace files by suffix; its other files (not hidden ones) are
+  listed in ``IngestReport.skipped_files``, never read.
 - Re-ingesting adds nothing: (trace_id, span_id) stays unique (an anti-join against
   the stored keys; duplicates are counted).
 - Nothing secret is stored from other frameworks' spans (any span not from treellm's own
@@ -72,9 +83,24 @@ from treellm.store.transform import (
     redact_text_sql,
     stage_sql,
 )
+from treellm.telemetry import semconv as sc
 from treellm.telemetry.redaction import MASK, Capture, CaptureMode, ForeignCapture, ValueRule, resolve_capture
 
-__all__ = ["BadRecord", "FileReport", "IngestReport", "InputFormatChoice", "ingest", "ingest_file"]
+__all__ = [
+    "UNKNOWN_TOOL",
+    "UNPLACED_REASONS",
+    "Accounting",
+    "BadRecord",
+    "FileReport",
+    "IngestReport",
+    "InputFormatChoice",
+    "Unplaced",
+    "ingest",
+    "ingest_file",
+]
+
+UNKNOWN_TOOL = "(unknown tool)"
+"""What a report shows for a caught call (or a call) whose span names no tool: never None or nan."""
 
 InputFormatChoice = Literal["auto", InputFormat]  # the names of treellm.store.formats.FORMATS
 MAX_LINE_BYTES = 64 * 1024 * 1024
@@ -89,6 +115,92 @@ class BadRecord:
     reason: str
 
 
+UnplacedReason = Literal["no run root", "missing attribute", "unknown convention"]
+UNPLACED_REASONS: tuple[UnplacedReason, ...] = ("no run root", "missing attribute", "unknown convention")
+"""Why a stored span is placed nowhere: its run's root span is not stored (``no run root``);
+it lacks an attribute its place needs, such as a tool span without a tool name (``missing
+attribute``); no convention reads it and its run holds no model or tool call (``unknown
+convention``: the run is only context, e.g. a trace of HTTP spans)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unplaced:
+    """The spans stored but placed nowhere for one reason, and the first of them (by start)."""
+
+    reason: UnplacedReason
+    spans: int
+    first: str  # "span 'name' (span id) of trace <trace id>[, without <attribute>]"
+
+
+@dataclass(frozen=True, slots=True)
+class Accounting:
+    """Where new spans went. ``runs + nodes + in_run + unplaced`` is every new span, each once;
+    ``tool_calls`` are among the nodes (executed calls, framework-internal ones included);
+    ``loop_events`` are the caught calls (``loop:detected`` events on those spans), of which
+    ``unknown_tool_catches`` name no tool (the report shows them as ``(unknown tool)``)."""
+
+    runs: int = 0
+    nodes: int = 0
+    tool_calls: int = 0
+    in_run: int = 0
+    loop_events: int = 0
+    unknown_tool_catches: int = 0
+    unplaced: tuple[Unplaced, ...] = ()
+
+    @property
+    def placed_nowhere(self) -> int:
+        return sum(u.spans for u in self.unplaced)
+
+    @property
+    def spans(self) -> int:
+        """Every span accounted for: the sum of the places."""
+        return self.runs + self.nodes + self.in_run + self.placed_nowhere
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "runs": self.runs,
+            "nodes": self.nodes,
+            "tool_calls": self.tool_calls,
+            "in_run": self.in_run,
+            "loop_events": self.loop_events,
+            "unknown_tool_catches": self.unknown_tool_catches,
+            "placed_nowhere": {u.reason: u.spans for u in self.unplaced},
+        }
+
+
+def combine(accountings: Sequence[Accounting]) -> Accounting:
+    """The accounting of several files: counts summed, each reason's first span the first file's."""
+    unplaced: dict[UnplacedReason, Unplaced] = {}
+    for accounting in accountings:
+        for u in accounting.unplaced:
+            found = unplaced.get(u.reason)
+            unplaced[u.reason] = u if found is None else Unplaced(u.reason, found.spans + u.spans, found.first)
+    return Accounting(
+        runs=sum(a.runs for a in accountings),
+        nodes=sum(a.nodes for a in accountings),
+        tool_calls=sum(a.tool_calls for a in accountings),
+        in_run=sum(a.in_run for a in accountings),
+        loop_events=sum(a.loop_events for a in accountings),
+        unknown_tool_catches=sum(a.unknown_tool_catches for a in accountings),
+        unplaced=tuple(unplaced[r] for r in UNPLACED_REASONS if r in unplaced),
+    )
+
+
+def accounting_warnings(display: str, accounting: Accounting) -> tuple[str, ...]:
+    """One warning per reason spans were placed nowhere, naming the first span; one for caught
+    calls that name no tool."""
+    out = [
+        f"{display}: {u.spans} span(s) stored but placed nowhere: {u.reason} (first: {u.first})"
+        for u in accounting.unplaced
+    ]
+    if accounting.unknown_tool_catches:
+        out.append(
+            f"{display}: {accounting.unknown_tool_catches} caught call(s) name no tool "
+            f"({sc.LOOP_TOOL} missing); the report shows them as {UNKNOWN_TOOL}"
+        )
+    return tuple(out)
+
+
 @dataclass(frozen=True, slots=True)
 class FileReport:
     path: str
@@ -100,6 +212,7 @@ class FileReport:
     empty: bool = False
     bad: tuple[BadRecord, ...] = ()
     warnings: tuple[str, ...] = ()  # "<path>: <what>", e.g. a trajectory run whose calls were not found
+    accounting: Accounting = Accounting()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,11 +227,18 @@ class IngestReport:
     empty_files: tuple[str, ...] = ()
     bad_records: tuple[BadRecord, ...] = ()
     details: tuple[FileReport, ...] = field(default=())
+    skipped_files: tuple[str, ...] = ()
+    """Files found in the folders given that are no trace files by their suffix: not read."""
 
     @property
     def warnings(self) -> tuple[str, ...]:
         """What the files' readers stored but doubt, file by file (see :class:`FileReport`)."""
         return tuple(w for r in self.details for w in r.warnings)
+
+    @property
+    def accounting(self) -> Accounting:
+        """Where the new spans of every file went (see :class:`Accounting`)."""
+        return combine([r.accounting for r in self.details])
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -132,6 +252,8 @@ class IngestReport:
                 {"path": b.path, "line": b.line, "record": b.record, "reason": b.reason} for b in self.bad_records
             ],
             "warnings": list(self.warnings),
+            "accounting": self.accounting.to_json(),
+            "skipped_files": list(self.skipped_files),
         }
 
 
@@ -385,6 +507,91 @@ def _registered(con: duckdb.DuckDBPyConnection, **frames: pd.DataFrame) -> Itera
             con.unregister(name)
 
 
+_RUN_ROOT = (
+    "{s}.skill_name IS NULL AND ({s}.span_id = split_part({s}.run_id, ':', 2) OR ({s}.convention IS NULL "
+    "AND {s}.operation = 'invoke_agent' AND {s}.node_id IS NULL AND {s}.run_id IS NOT NULL))"
+)
+"""A span that starts its run: the ``runs`` view's rule (``store/schema.py``), on the alias ``{s}``."""
+_NODE = "({s}.node_kind IS NOT NULL OR {s}.operation IN ('execute_tool', 'chat'))"
+_TOOL_SPAN = "({s}.operation = 'execute_tool' OR {s}.node_kind = 'tool')"
+
+_WITHOUT_RUN_ID = "SELECT count(*) FROM stage WHERE run_id IS NULL AND node_kind IS NOT NULL"
+_FALL_BACK = "UPDATE stage SET node_id = NULL, node_kind = NULL WHERE run_id IS NULL AND node_kind IS NOT NULL"
+"""Spans of treellm's scope without its run id (an older version, hand-made ones) go to the GenAI
+conventions like any other framework's: the placement reads only spans without a node kind, and a
+node id left behind would not match the parent ids the placement writes. Done on the stage, before
+the insert, so the stored row and the placement's input agree."""
+
+_PLACES = f"""
+WITH touched AS (
+    SELECT trace_id, span_id, name, start_ns, run_id, node_kind, node_id, operation, tool_name, convention,
+           skill_name
+    FROM spans WHERE trace_id IN (SELECT DISTINCT trace_id FROM file_keys)
+),
+run_facts AS (
+    SELECT run_id, bool_or({_RUN_ROOT.format(s="t")}) AS rooted, bool_or({_NODE.format(s="t")}) AS noded,
+           bool_or(t.convention IS NULL AND t.node_kind IS NULL AND t.node_id IS NULL AND t.skill_name IS NULL
+                   AND t.operation IS DISTINCT FROM 'invoke_agent') AS headless
+    FROM touched t WHERE run_id IS NOT NULL GROUP BY run_id
+),
+placed AS (
+    SELECT n.trace_id, n.span_id, n.name, n.start_ns,
+        CASE
+            WHEN n.run_id IS NULL OR (NOT r.rooted AND r.headless) THEN 'missing attribute'
+            WHEN NOT r.rooted THEN 'no run root'
+            WHEN n.convention = 'otel' AND NOT r.noded THEN 'unknown convention'
+            WHEN {_RUN_ROOT.format(s="n")} THEN 'run'
+            WHEN n.convention IS NULL AND {_TOOL_SPAN.format(s="n")} AND n.tool_name IS NULL THEN 'missing attribute'
+            WHEN {_TOOL_SPAN.format(s="n")} AND n.tool_name IS NOT NULL THEN 'tool call'
+            WHEN {_NODE.format(s="n")} THEN 'node'
+            WHEN n.convention = 'otel' THEN 'unknown convention'
+            ELSE 'in run'
+        END AS place,
+        CASE WHEN n.run_id IS NULL THEN '{sc.RUN_ID}'
+             WHEN NOT r.rooted AND r.headless THEN 'the {sc.GEN_AI_OPERATION_NAME} of its run''s root'
+             WHEN n.tool_name IS NULL THEN '{sc.GEN_AI_TOOL_NAME}' END AS missing
+    FROM touched n SEMI JOIN file_keys k USING (trace_id, span_id)
+    LEFT JOIN run_facts r USING (run_id)
+)
+SELECT place, count(*) AS spans,
+       arg_min(struct_pack(name := name, span_id := span_id, trace_id := trace_id, missing := missing),
+               (start_ns, span_id)) AS first
+FROM placed GROUP BY place
+"""
+_CATCHES = f"""
+SELECT count(*), count(*) FILTER (WHERE attributes['{sc.LOOP_TOOL}'] IS NULL OR attributes['{sc.LOOP_TOOL}'] = '')
+FROM span_events SEMI JOIN file_keys USING (trace_id, span_id)
+WHERE name = 'loop:detected'
+"""
+
+
+def _first_span(reason: UnplacedReason, first: dict[str, Any]) -> str:
+    text = f"span {first['name']!r} ({first['span_id']}) of trace {first['trace_id']}"
+    if reason != "missing attribute" or first["missing"] is None:
+        return text
+    return f"{text}, without {first['missing']}"
+
+
+def _accounting(con: duckdb.DuckDBPyConnection) -> Accounting:
+    """Where the spans of ``file_keys`` went, once they are placed (inside the transaction)."""
+    places = {place: (int(n), first) for place, n, first in con.execute(_PLACES).fetchall()}
+    caught, unnamed = con.execute(_CATCHES).fetchone() or (0, 0)
+    tool_calls = places.get("tool call", (0, None))[0]
+    return Accounting(
+        runs=places.get("run", (0, None))[0],
+        nodes=tool_calls + places.get("node", (0, None))[0],
+        tool_calls=tool_calls,
+        in_run=places.get("in run", (0, None))[0],
+        loop_events=int(caught),
+        unknown_tool_catches=int(unnamed),
+        unplaced=tuple(
+            Unplaced(reason, places[reason][0], _first_span(reason, places[reason][1]))
+            for reason in UNPLACED_REASONS
+            if reason in places
+        ),
+    )
+
+
 def _load_stage(con: duckdb.DuckDBPyConnection) -> tuple[int, int, int]:
     """Validate, insert and finish the staged spans inside the caller's transaction (the new
     rows stay in the view ``fresh`` for :func:`_load_chunk`)."""
@@ -394,16 +601,15 @@ def _load_stage(con: duckdb.DuckDBPyConnection) -> tuple[int, int, int]:
         raise _Refused(str(exc).split("\n", 1)[0]) from exc
     if flagged is not None:
         raise _Refused(f"span {flagged[1]!r} of trace {flagged[0]!r} breaks a rule of treellm.otlp")
+    if _count(con, _WITHOUT_RUN_ID):
+        con.execute(_FALL_BACK)
     try:  # an event's or link's attributes DuckDB cannot hold as a MAP: the validator decides per line
         new, duplicates = _insert_staged(con)
     except (duckdb.InvalidInputException, duckdb.ConversionException) as exc:
         raise _Refused(str(exc).split("\n", 1)[0]) from exc
     _finish_foreign(con)
     runs = _count(
-        con,
-        "SELECT count(*) FROM spans s SEMI JOIN fresh f USING (trace_id, span_id) "
-        "WHERE s.skill_name IS NULL AND (s.span_id = split_part(s.run_id, ':', 2) "
-        "OR (s.convention IS NULL AND s.operation = 'invoke_agent' AND s.node_id IS NULL AND s.run_id IS NOT NULL))",
+        con, f"SELECT count(*) FROM spans s SEMI JOIN fresh f USING (trace_id, span_id) WHERE {_RUN_ROOT.format(s='s')}"
     )
     return new, runs, duplicates
 
@@ -411,6 +617,7 @@ def _load_stage(con: duckdb.DuckDBPyConnection) -> tuple[int, int, int]:
 def _load_chunk(con: duckdb.DuckDBPyConnection, capture: ForeignCapture) -> tuple[int, int, int]:
     """:func:`_load_stage`, then :func:`_redact_foreign` of what it stored, in the same transaction."""
     new, runs, duplicates = _load_stage(con)
+    con.execute("INSERT INTO file_keys SELECT trace_id, span_id FROM fresh")
     _redact_foreign(con, capture)
     con.execute("DROP VIEW IF EXISTS fresh")
     con.execute("DROP TABLE IF EXISTS fresh_rows")
@@ -421,10 +628,11 @@ def _load_chunk(con: duckdb.DuckDBPyConnection, capture: ForeignCapture) -> tupl
 
 def _load_jsonl(
     db: Path, jsonl: Path, *, display: str, retries: int = 20, capture: CaptureMode = "redacted"
-) -> tuple[int, int, int]:
-    """One transaction: stage (in pieces), validate, insert, finish (every :data:`CHUNK_BYTES`).
-    Returns (spans, runs, duplicates); raises :class:`_Refused` (after a rollback) when DuckDB
-    refuses to stage the file or the SQL check flags a span."""
+) -> tuple[int, int, int, Accounting]:
+    """One transaction: stage (in pieces), validate, insert, finish (every :data:`CHUNK_BYTES`),
+    account for the new spans. Returns (spans, runs, duplicates, accounting); raises
+    :class:`_Refused` (after a rollback) when DuckDB refuses to stage the file or the SQL check
+    flags a span."""
     con = open_store(db, retries=retries)
     try:
         con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
@@ -433,6 +641,7 @@ def _load_jsonl(
         totals = [0, 0, 0]
         foreign = ForeignCapture(capture)  # its memo lives as long as the transaction
         with tempfile.TemporaryDirectory(prefix="treellm-pieces-") as tmp, _transaction(con):
+            con.execute("CREATE OR REPLACE TEMP TABLE file_keys (trace_id VARCHAR, span_id VARCHAR)")
             staged = 0
             for piece, size in _pieces(jsonl, Path(tmp)):
                 _stage_piece(con, piece, append=staged > 0, display=display)
@@ -442,7 +651,9 @@ def _load_jsonl(
                     staged = 0
             if staged:
                 totals = [t + v for t, v in zip(totals, _load_chunk(con, foreign), strict=True)]
-        return totals[0], totals[1], totals[2]
+            accounting = _accounting(con)
+            con.execute("DROP TABLE file_keys")
+        return totals[0], totals[1], totals[2], accounting
     except duckdb.Error as exc:
         raise StoreError(f"{display}: the store refused the data: {exc}", path=display) from exc
     finally:
@@ -525,13 +736,16 @@ def ingest_file(
                     copy_without_torn_tail(source, jsonl)
                     skipped = 1
                 try:
-                    spans, runs, duplicates = _load_jsonl(
+                    spans, runs, duplicates, accounting = _load_jsonl(
                         Path(db), jsonl, display=display, retries=retries, capture=mode
                     )
                 except _Refused:
                     pass
                 else:
-                    return FileReport(display, fmt, spans, runs, duplicates, skipped)
+                    return FileReport(
+                        display, fmt, spans, runs, duplicates, skipped,
+                        warnings=accounting_warnings(display, accounting), accounting=accounting,
+                    )  # fmt: skip
             jsonl, skipped, bad = _canonical_copy(source, folder, keep_bad=skip_bad, display=display)
         else:
             jsonl = folder / "converted.jsonl"
@@ -548,31 +762,40 @@ def ingest_file(
             empty = not bad and not skipped
             return FileReport(display, fmt, 0, 0, 0, skipped, empty=empty, bad=tuple(bad), warnings=tuple(warnings))
         try:
-            spans, runs, duplicates = _load_jsonl(Path(db), jsonl, display=display, retries=retries, capture=mode)
+            spans, runs, duplicates, accounting = _load_jsonl(
+                Path(db), jsonl, display=display, retries=retries, capture=mode
+            )
         except _Refused as exc:
             raise IngestError(f"DuckDB refused the file: {exc}", path=display) from exc
-    return FileReport(display, fmt, spans, runs, duplicates, skipped, bad=tuple(bad), warnings=tuple(warnings))
+    warnings.extend(accounting_warnings(display, accounting))
+    return FileReport(
+        display, fmt, spans, runs, duplicates, skipped, bad=tuple(bad), warnings=tuple(warnings), accounting=accounting
+    )
 
 
 TRACE_SUFFIXES = frozenset({".jsonl", ".ndjson", ".json", ".pb", ".binpb", ".proto", ".otlp", ".traj"})
 
 
-def _expand(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
-    """Files named are taken as they are; folders are walked for trace files (by suffix:
-    .jsonl .ndjson .json .pb .binpb .proto .otlp .traj), so a README beside them is left alone."""
+def _expand(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Path], list[Path]]:
+    """(files to ingest, files skipped). Files named are taken as they are; folders are walked
+    for trace files (by suffix: .jsonl .ndjson .json .pb .binpb .proto .otlp .traj), so a README
+    beside them is left alone, and listed as skipped. Hidden files, and files in hidden folders
+    (``.git``), are neither read nor listed."""
     out: list[Path] = []
+    skipped: list[Path] = []
     for p in paths:
         path = Path(p)
-        if path.is_dir():
-            out.extend(
-                sorted(
-                    f for f in path.rglob("*")
-                    if f.is_file() and not f.name.startswith(".") and f.suffix.lower() in TRACE_SUFFIXES
-                )
-            )  # fmt: skip
-        else:
+        if not path.is_dir():
             out.append(path)
-    return out
+            continue
+        for f in sorted(path.rglob("*")):
+            if not f.is_file() or f.name.startswith("."):
+                continue
+            if f.suffix.lower() in TRACE_SUFFIXES:
+                out.append(f)
+            elif not any(part.startswith(".") for part in f.relative_to(path).parts):
+                skipped.append(f)
+    return out, skipped
 
 
 def ingest(
@@ -591,7 +814,7 @@ def ingest(
     path)`` is called before each file. ``capture``: as :func:`ingest_file`.
     """
     capture = resolve_capture(capture)
-    files = _expand(paths)
+    files, skipped_files = _expand(paths)
     reports: list[FileReport] = []
     for index, file in enumerate(files):
         if progress is not None:
@@ -608,6 +831,7 @@ def ingest(
         empty_files=tuple(r.path for r in reports if r.empty),
         bad_records=tuple(b for r in reports for b in r.bad),
         details=tuple(reports),
+        skipped_files=tuple(str(f) for f in skipped_files),
     )
 
 
