@@ -13,14 +13,22 @@ Contract:
   structure is wrong: ``resourceSpans`` not a list, a resource or scope of the wrong
   shape) raises :class:`BadRequest` (HTTP 400, never retried). A span that decodes
   but cannot be stored is rejected alone (HTTP 200 with ``partial_success``, the count
-  and the first reasons, each naming the span and its field). Both encodings are judged
-  by the one validator, :func:`treellm.otlp.normalize_traces_data` (its docstring lists
-  the rules: ids, times, kinds, status codes, the all-zero parent as no parent, duplicate
-  attribute keys kept last-wins and recorded); whatever is accepted is ingestable: the
-  journal never holds a line the store would refuse.
-- Protobuf is parsed here and converted field by field to raw OTLP/JSON by
-  :func:`~treellm.store.formats.otlp_proto.raw_traces_data`; JSON is parsed; both are then
-  rebuilt by :mod:`treellm.collector.otlp_json`.
+  and the first reasons, each naming the span and its field, in the validator's words).
+  Whatever is accepted is ingestable: the journal never holds a line the store would refuse.
+- Protobuf (the fast road) is checked and made canonical in one pass over the parsed message
+  by :func:`~treellm.store.formats.otlp_proto.canonical_traces_data`: ids, times, kinds, status
+  codes, event times, link ids and value depth by the bounds of the one rule table
+  (:mod:`treellm.otlp.validate`), with no raw document rebuilt by the validator. Repeated
+  attribute keys of a span, an event or a link are journaled as sent: the store's check flags
+  them when the flusher ingests the line, and the validator keeps the last value and records
+  the key there (:mod:`treellm.store.ingest`), as it would have here. A resource's or scope's
+  repeated keys send the message down the validator's road at once
+  (:func:`~treellm.store.formats.otlp_proto.raw_traces_data`, then
+  :func:`treellm.otlp.normalize_traces_data`).
+- JSON is parsed and rebuilt by the one validator, :func:`treellm.otlp.normalize_traces_data`
+  (:mod:`treellm.collector.otlp_json`): its rebuild is the canonical line itself, and OTLP/JSON
+  can break per-attribute rules that protobuf's types rule out (a string as a boolean, two values
+  in one ``AnyValue``), so they are judged here and answered in the ``partial_success``.
 - A request's spans become lines of at most :data:`LINE_SPANS` spans and
   :data:`LINE_BYTES` bytes (the ingester reads lines of up to 64 MiB; smaller lines keep
   its memory low). A single span above :data:`LINE_BYTES` once encoded is rejected.

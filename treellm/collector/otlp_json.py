@@ -2,8 +2,9 @@
 
 A thin shell over the one validator, :func:`treellm.otlp.normalize_traces_data` (its
 docstring lists the OTLP/JSON rules, what is rejected per span, the all-zero parent and
-the duplicate-key decision): the collector's JSON path and its protobuf path (converted
-to raw OTLP/JSON first) both call :func:`normalize_request`, so they decide alike. A
+the duplicate-key decision): the collector's JSON path calls :func:`normalize_request`, and
+so does its protobuf path when a resource's or scope's attributes repeat a key (otherwise
+protobuf is checked in one pass against the same rules, :mod:`treellm.collector.decode`). A
 request whose structure is wrong raises :class:`~treellm.collector.errors.BadRequest`
 (HTTP 400); a bad span is rejected alone (``partial_success``).
 """

@@ -2,9 +2,12 @@
 
 Every road into the store goes through :func:`normalize_traces_data` or is checked by
 :data:`VALIDATE_SQL`, both derived from :data:`SPAN_RULES` / :data:`EVENT_RULES` /
-:data:`LINK_RULES`: the collector (OTLP/JSON and protobuf, the latter converted to raw
-OTLP/JSON first), every converter of :mod:`treellm.store.formats`, ingest's line check
-and ``--skip-bad``, and the SQL that checks what DuckDB staged from a file read in place.
+:data:`LINK_RULES`: the collector's OTLP/JSON, every converter of :mod:`treellm.store.formats`,
+ingest's line check and ``--skip-bad``, and the SQL that checks what DuckDB staged from a file
+read in place. The collector's protobuf road checks each span's own fields against the same
+rules' bounds in one pass over the message
+(:func:`~treellm.store.formats.otlp_proto.canonical_traces_data`; its rejections are worded by
+:func:`span_problem`) and leaves repeated attribute keys to :data:`VALIDATE_SQL` at flush.
 
 Contract of :func:`normalize_traces_data` (pure: no I/O, the input is never mutated): it
 takes a parsed OTLP/JSON ``TracesData`` / ``ExportTraceServiceRequest`` and returns
@@ -38,8 +41,9 @@ Decisions (one place, so that every road agrees):
 
 :data:`VALIDATE_SQL` is generated from the same rules over the store's stage table (one
 row per span, ids lowercased, times cast to BIGINT). It is a detector: any row it returns
-(or any row DuckDB refuses to stage, such as a duplicate MAP key or a time past int64)
-sends the file through :func:`normalize_traces_data`, which decides.
+(an event or a link whose attributes repeat a key among them), or any row DuckDB refuses to
+stage (a span's or resource's repeated key in its MAP, a time past int64), sends the file
+through :func:`normalize_traces_data`, which decides.
 """
 
 from __future__ import annotations
