@@ -438,3 +438,85 @@ def test_a_reader_of_a_store_whose_migrations_were_interrupted_is_told_to_migrat
     names = [name for name, _ in MIGRATIONS]
     assert unmigrated_reason(names) is None
     assert unmigrated_reason(names[:2]) == f"it records 2 of {len(names)} migrations (the next is {names[2]})"
+
+
+def _store_snapshot(db: Path) -> dict[str, Any]:
+    """Every row of every table and view, and the catalog (views' SQL, constraints), in a stable order."""
+    con = open_store(db, read_only=True)
+    try:
+        out: dict[str, Any] = {}
+        for table in ("spans", "span_events", "span_links", "schema_migrations", "runs", "tool_calls", "nodes"):
+            out[table] = sorted(map(repr, rows(con, f"SELECT * FROM {table}")))
+        out["views"] = sorted(rows(con, "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal"))
+        out["constraints"] = sorted(map(repr, rows(
+            con, "SELECT table_name, constraint_type, constraint_text FROM duckdb_constraints() "
+                 "WHERE database_name = current_database()")))  # fmt: skip
+        return out
+    finally:
+        con.close()
+
+
+def _sample_store_and_cutoff(db: Path) -> tuple[int, dt.datetime]:
+    """The sample traces in a store, and the cutoff (and gc's ``now`` for 1 day) that deletes the
+    oldest three quarters of its runs: blocks freed all over the file, which a checkpoint cannot
+    truncate (deleting every run can)."""
+    from treellm.simulate import sample_traces_dir
+
+    ingest(db, [sample_traces_dir()])
+    con = open_store(db, read_only=True)
+    starts = sorted(r[0] for r in rows(con, "SELECT start_ns FROM runs"))
+    con.close()
+    cutoff_ns = starts[len(starts) * 3 // 4]
+    return cutoff_ns, dt.datetime.fromtimestamp(cutoff_ns / 1e9, dt.UTC) + dt.timedelta(days=1)
+
+
+def test_gc_swaps_in_a_compacted_copy_so_the_file_shrinks_and_keeps_every_kept_row(tmp_path: Path) -> None:
+    db = tmp_path / "t.duckdb"
+    cutoff_ns, now = _sample_store_and_cutoff(db)
+    kept = tmp_path / "kept.duckdb"  # the same store with the same runs deleted, never compacted
+    kept.write_bytes(db.read_bytes())
+    con = open_store(kept)
+    con.execute("CREATE TEMP TABLE old AS SELECT run_id FROM runs WHERE start_ns < ?", [cutoff_ns])
+    con.execute("CREATE TEMP TABLE doomed AS SELECT trace_id, span_id FROM spans WHERE run_id IN (SELECT * FROM old) "
+                "OR (run_id IS NULL AND start_ns < ?)", [cutoff_ns])  # fmt: skip
+    for table in ("span_events", "span_links", "spans"):
+        con.execute(f"DELETE FROM {table} t USING doomed d WHERE t.trace_id = d.trace_id AND t.span_id = d.span_id")
+    con.close()
+
+    before = db.stat().st_size
+    report = gc(db, dt.timedelta(days=1), now=now)
+    assert report.runs > 0 and report.compacted
+    assert report.bytes_before == before and report.bytes_after == db.stat().st_size  # real sizes, no WAL left
+    assert report.bytes_after < before and report.bytes_freed == before - report.bytes_after
+    assert not db.with_name(db.name + ".wal").exists()
+    assert [p.name for p in tmp_path.iterdir() if ".gc-" in p.name] == []  # no copy left behind
+    assert _store_snapshot(db) == _store_snapshot(kept)
+    open_store(db).close()  # still a treellm store: a writer opens it, nothing to migrate
+
+    again = gc(db, dt.timedelta(days=1), now=now)  # nothing more to delete: no smaller copy, nothing swapped
+    assert (again.runs, again.spans) == (0, 0) and again.bytes_after <= again.bytes_before
+
+
+def test_gc_that_fails_to_swap_leaves_the_store_whole_and_no_copy(
+    tmp_path: Path, demo_jsonl: tuple[Path, RunResult], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from treellm.errors import StoreError
+
+    db = tmp_path / "t.duckdb"
+    cutoff_ns, now = _sample_store_and_cutoff(db)
+    con = open_store(db, read_only=True)
+    young = rows(con, "SELECT count(*) FROM runs WHERE start_ns >= ?", cutoff_ns)[0][0]
+    con.close()
+
+    def refuse(src: object, dst: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", refuse)
+    with pytest.raises(StoreError, match=r"runs are deleted, but compacting .* failed .*the store is unchanged"):
+        gc(db, dt.timedelta(days=1), now=now)
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir() if ".gc-" in p.name] == []
+    con = open_store(db, read_only=True)  # the file gc deleted from, whole: the deletions were committed first
+    assert rows(con, "SELECT count(*) FROM runs") == [(young,)] and young > 0
+    con.close()
+    assert ingest(db, [demo_jsonl[0]]).runs == 1  # and it takes writes again

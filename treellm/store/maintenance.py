@@ -1,4 +1,13 @@
-"""Store maintenance: Parquet export (how a store outgrows one machine) and garbage collection."""
+"""Store maintenance: Parquet export (how a store outgrows one machine) and garbage collection.
+
+:func:`gc` deletes old runs in one transaction and checkpoints; DuckDB then reuses the freed
+blocks but never shrinks its file, so when blocks are free gc writes a compacted copy and swaps
+it in. Hard rules of that swap: the copy is written beside the store (same filesystem) while gc
+still holds the store's write lock, fsync'd, and renamed over the store atomically (then the
+folder is fsync'd); the rename happens before the lock is released, so no other writer can
+write to the old file in between; any failure before the rename leaves the store as it was
+(with the deletions committed) and removes the copy; a copy that is not smaller is dropped.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +17,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from treellm.errors import ConfigError
+import duckdb
+
+from treellm.errors import ConfigError, StoreError
 from treellm.store.connection import open_store
 
-__all__ = ["GcReport", "export_parquet", "gc", "parse_age"]
+__all__ = ["GcReport", "compact", "export_parquet", "gc", "parse_age", "store_bytes"]
 
 _TABLES = ("spans", "span_events", "span_links")
 
@@ -58,19 +69,90 @@ def parse_age(text: str) -> dt.timedelta:
 
 @dataclass(frozen=True, slots=True)
 class GcReport:
+    """What :func:`gc` deleted, and the store's size on disk (its file and WAL) before and after."""
+
     runs: int
     spans: int
     bytes_before: int
     bytes_after: int
+    compacted: bool = False
+    """Whether a compacted copy replaced the store's file."""
+
+    @property
+    def bytes_freed(self) -> int:
+        return max(0, self.bytes_before - self.bytes_after)
+
+
+_COPY_ALIAS = "treellm_gc_compacted_copy"
+
+
+def store_bytes(path: Path) -> int:
+    """The bytes a DuckDB store takes on disk: its file and its write-ahead log."""
+    return sum(p.stat().st_size for p in (path, path.with_name(path.name + ".wal")) if p.exists())
+
+
+def _free_blocks(con: duckdb.DuckDBPyConnection) -> int:
+    row = con.execute("SELECT free_blocks FROM pragma_database_size() WHERE database_name = current_database()")
+    found = row.fetchone()
+    return int(found[0]) if found and found[0] is not None else 0
+
+
+def _fsync(path: Path, *, folder: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if folder else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sql_text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def compact(con: duckdb.DuckDBPyConnection, path: Path) -> bool:
+    """Replace the store at ``path`` (open as ``con``, a writer holding its lock, checkpointed)
+    with a compacted copy when the copy is smaller; returns whether it did (see the module
+    docstring for the rules). Raises :class:`StoreError` when the copy or the swap fails, the
+    store left as it was."""
+    copy = path.with_name(f".{path.name}.gc-{os.getpid()}.tmp")
+    leftovers = (copy, copy.with_name(copy.name + ".wal"))
+    swapped = False
+    try:
+        for stale in leftovers:
+            stale.unlink(missing_ok=True)
+        name = con.execute("SELECT current_database()").fetchone()
+        source = str(name[0]) if name else "main"
+        con.execute(f"ATTACH {_sql_text(str(copy))} AS {_COPY_ALIAS}")
+        try:
+            con.execute(f'COPY FROM DATABASE "{source.replace(chr(34), chr(34) * 2)}" TO {_COPY_ALIAS}')
+        finally:
+            con.execute(f"DETACH {_COPY_ALIAS}")  # checkpoints the copy: one file, no WAL
+        if copy.with_name(copy.name + ".wal").exists() or store_bytes(copy) >= store_bytes(path):
+            return False
+        _fsync(copy)
+        os.replace(copy, path)
+        swapped = True
+        _fsync(path.parent, folder=True)
+        return True
+    except (duckdb.Error, OSError) as exc:
+        state = "the compacted copy is in place" if swapped else "the store is unchanged"
+        raise StoreError(f"gc: the old runs are deleted, but compacting {path} failed ({exc}); {state}",
+                         path=str(path)) from exc  # fmt: skip
+    finally:
+        if not swapped:
+            for leftover in leftovers:
+                leftover.unlink(missing_ok=True)
 
 
 def gc(db: str | os.PathLike[str], older_than: dt.timedelta, *, now: dt.datetime | None = None) -> GcReport:
     """Delete runs that started before ``now - older_than`` (and their spans, events and
-    links) in one transaction, then checkpoint to reclaim space."""
+    links) in one transaction, checkpoint, then, when blocks are free, swap in a compacted
+    copy (:func:`compact`) so that the file shrinks. Sizes are the file and its WAL."""
     cutoff = (now or dt.datetime.now(dt.UTC)) - older_than
     cutoff_ns = int(cutoff.timestamp() * 1e9)
     path = Path(db)
-    before = path.stat().st_size if path.exists() else 0
+    before = store_bytes(path)
+    compacted = False
     con = open_store(db)
     try:
         con.execute("BEGIN TRANSACTION")
@@ -90,7 +172,9 @@ def gc(db: str | os.PathLike[str], older_than: dt.timedelta, *, now: dt.datetime
                         f"AND {table}.span_id = doomed.span_id")  # fmt: skip
         con.execute("COMMIT")
         con.execute("CHECKPOINT")
+        if _free_blocks(con) > 0:
+            compacted = compact(con, path)
     finally:
         con.close()
-    after = path.stat().st_size if path.exists() else 0
-    return GcReport(int(runs_row[0]) if runs_row else 0, int(spans_row[0]) if spans_row else 0, before, after)
+    runs, spans = int(runs_row[0]) if runs_row else 0, int(spans_row[0]) if spans_row else 0
+    return GcReport(runs, spans, before, store_bytes(path), compacted)
