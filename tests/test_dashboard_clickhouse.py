@@ -17,7 +17,7 @@ from clickhouse_rows import file_rows, insert_sql
 from streamlit.testing.v1 import AppTest
 
 from dashboard.text import literal
-from treellm.analysis import explorer
+from treellm.analysis import Filters, explorer
 from treellm.cli import _dashboard_command, build_parser
 from treellm.store import ingest, open_store
 from treellm.store.clickhouse import open_clickhouse
@@ -102,10 +102,11 @@ def test_the_run_explorer_over_clickhouse_opens_a_deep_link(
     duck = page("run_explorer", run="sample-nudge_and_cache", node="n2")
     over_clickhouse(url, monkeypatch)
     at = page("run_explorer", run="sample-nudge_and_cache", node="n2")
-    assert at.selectbox(key="run_pick").value == "sample-nudge_and_cache"
+    assert at.query_params["run"] == "sample-nudge_and_cache"
     assert at.selectbox(key="node_pick").value == "n2"
     assert metrics(at) == metrics(duck)
-    assert sorted(at.dataframe[0].value["action"]) == ["cache", "nudge"]
+    assert at.dataframe[0].value.astype(str).values.tolist() == duck.dataframe[0].value.astype(str).values.tolist()
+    assert sorted(at.dataframe[1].value["action"]) == ["cache", "nudge"]
     assert any("record 7" in c.value for c in at.code)  # the node's captured result
 
 
@@ -130,6 +131,41 @@ def test_the_explorer_functions_give_the_same_frames_on_both_engines(stores: tup
         a, b = explorer.actions_by_tool(ch), explorer.actions_by_tool(duck)
         assert a.astype(str).values.tolist() == b.astype(str).values.tolist()
         assert explorer.run_row(ch, "no such run").empty
+        assert explorer.outcomes(ch) == explorer.outcomes(duck)
+        for run_id, node_id in (("sample-nudge_and_cache", "n1"), ("sample-nudge_and_cache", "n2")):
+            a, b = explorer.run_spans(ch, run_id), explorer.run_spans(duck, run_id)
+            assert list(a.columns) == list(b.columns) and len(a) == 8
+            assert a.astype(str).values.tolist() == b.astype(str).values.tolist()
+            a, b = explorer.node_attributes(ch, run_id, node_id), explorer.node_attributes(duck, run_id, node_id)
+            assert a.values.tolist() == b.values.tolist() and len(a) > 0
+    finally:
+        duck.close()
+        ch.close()
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        explorer.RunQuery(),
+        explorer.RunQuery(sort="wasted", limit=20),
+        explorer.RunQuery(sort="duration", descending=False, limit=20),
+        explorer.RunQuery(text="status", sort="calls"),
+        explorer.RunQuery(text="50%_\\", outcome="completed"),
+        explorer.RunQuery(outcome="budget_exhausted", sort="pruned"),
+    ],
+)
+def test_the_run_list_is_the_same_on_both_engines(stores: tuple[Path, str], query: explorer.RunQuery) -> None:
+    """Sorted, filtered and searched alike: the same runs, in the same order, with the same counts."""
+    db, url = stores
+    duck, ch = open_store(db, read_only=True), open_clickhouse(url, table=TABLE)
+    try:
+        a, b = explorer.run_table(ch, query=query), explorer.run_table(duck, query=query)
+        assert list(a.columns) == list(b.columns)
+        assert a.astype(str).values.tolist() == b.astype(str).values.tolist()
+        if query.text == "status":
+            assert 0 < len(b) < int(explorer.run_table(duck)["matching"].iloc[0])
+        tool = explorer.run_table(ch, Filters(tool="fetch_url"), query)
+        assert list(tool["run_id"]) == list(explorer.run_table(duck, Filters(tool="fetch_url"), query)["run_id"])
     finally:
         duck.close()
         ch.close()

@@ -32,6 +32,7 @@ __all__ = [
     "RunQuery",
     "RunSort",
     "actions_by_tool",
+    "attribute_text",
     "chat_messages",
     "data_version",
     "filter_options",
@@ -343,12 +344,42 @@ ORDER BY key
 """
 
 
+_ANY_VALUE_KEYS = frozenset({"stringValue", "boolValue", "intValue", "doubleValue", "arrayValue"})
+
+
+def _any_value(value: Any) -> Any:
+    if "intValue" in value:
+        return int(value["intValue"])
+    if "arrayValue" in value:
+        return [_any_value(v) for v in value["arrayValue"].get("values", []) if isinstance(v, dict)]
+    return next(iter(value.values()))
+
+
+def attribute_text(raw: str) -> str:
+    """An attribute's stored text as the Collector's exporter writes it (pure): an array kept
+    as OTLP JSON (``{"values": [{"stringValue": "a"}]}``, as DuckDB stores it) becomes the
+    compact JSON list (``["a"]``) that ClickHouse holds; any other text is returned as is."""
+    if not raw.startswith('{"values":'):
+        return raw
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return raw
+    items = value.get("values") if isinstance(value, dict) and len(value) == 1 else None
+    if not isinstance(items, list) or not all(isinstance(v, dict) and len(v) == 1 and set(v) <= _ANY_VALUE_KEYS
+                                              for v in items):  # fmt: skip
+        return raw
+    return json.dumps([_any_value(v) for v in items], separators=(",", ":"), ensure_ascii=False)
+
+
 def node_attributes(con: StoreConnection, run_id: str, node_id: str) -> pd.DataFrame:
     """The stored attributes (``key``, ``value``, by key) of one node's span: redacted as the
-    store keeps them."""
+    store keeps them, arrays as JSON lists on every engine (:func:`attribute_text`)."""
     c = as_connection(con)
     sql = _NODE_ATTRIBUTES_SQL_CLICKHOUSE if c.dialect == "clickhouse" else _NODE_ATTRIBUTES_SQL
-    return c.df(sql, [run_id, node_id])
+    frame = c.df(sql, [run_id, node_id])
+    frame["value"] = frame["value"].map(lambda v: attribute_text(v) if isinstance(v, str) else v).astype(object)
+    return frame
 
 
 # -- a think node as a chat (pure) --------------------------------------------------------------------
