@@ -43,6 +43,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -185,6 +186,17 @@ class CollectorProcess:
     def cpu_seconds(self) -> float:
         """User + system CPU the collector and its decoding processes have used so far (Linux /proc)."""
         return sum(_cpu_seconds(pid) for pid in _tree(self.process.pid))
+
+    def health(self) -> dict[str, Any]:
+        """The collector's ``GET /health`` counters."""
+        parts = urlsplit(self.url)
+        conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30)
+        try:
+            conn.request("GET", "/health")
+            body: dict[str, Any] = json.loads(conn.getresponse().read())
+            return body
+        finally:
+            conn.close()
 
     def stop(self) -> tuple[int, float]:
         """SIGTERM, wait for the drain; (exit code, seconds it took)."""
@@ -336,11 +348,13 @@ def pre_encoded(args: argparse.Namespace, template: Template, *,
         stop.set()
         if watcher is not None:
             watcher.join()
+        journal = collector.health()["journal"]
         code, drain_s = collector.stop()
         stored = collector.stored()
     achieved = load.acked_spans / elapsed
     ok = "yes" if stored == load.acked_spans and code == 0 and not load.errors else f"NO ({stored:,}, exit {code})"
-    note = (f"{load.acked_spans:,} spans acked; CPU of the collector with its decoding processes "
+    note = (f"{load.acked_spans:,} spans acked; {journal['submissions']:,} requests journaled with "
+            f"{journal['syncs']:,} fdatasync(s); CPU of the collector with its decoding processes "
             f"{cpu / elapsed:.0%} of one core, of the load client (and reader) {client / elapsed:.0%}")  # fmt: skip
     if samples:
         waits, queries, ages = ([getattr(x, k) for x in samples] for k in ("wait_s", "query_s", "age_s"))
