@@ -337,7 +337,7 @@ def pre_encoded(args: argparse.Namespace, template: Template, *,
     with tempfile.TemporaryDirectory(prefix="treellm-bench-collector-") as tmp:
         collector = CollectorProcess(Path(tmp))
         load = Load(args.spans_per_request)
-        stop, samples = threading.Event(), []
+        stop, samples = threading.Event(), list[Sample]()
         watcher = threading.Thread(target=reader, args=(collector.db, load, stop, samples)) if with_reader else None
         if watcher is not None:
             watcher.start()

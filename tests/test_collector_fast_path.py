@@ -12,7 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import orjson
@@ -56,10 +56,10 @@ def nested(depth: int) -> AnyValue:
 
 def rich_span(index: int, **fields: Any) -> Span:
     span = Span(
-        trace_id=TRACE, span_id=(index + 1).to_bytes(8, "big"), name=f"s{index}", kind=index % 6,
+        trace_id=TRACE, span_id=(index + 1).to_bytes(8, "big"), name=f"s{index}", kind=cast(Any, index % 6),
         start_time_unix_nano=START, end_time_unix_nano=START + 10, trace_state="a=b" if index % 2 else "",
         flags=index, dropped_attributes_count=index % 3, dropped_events_count=index % 2, dropped_links_count=1,
-        status=Status(code=index % 3, message="m" if index % 2 else ""),
+        status=Status(code=cast(Any, index % 3), message="m" if index % 2 else ""),
         attributes=[
             KeyValue(key="str", value=s("x")), KeyValue(key="int", value=AnyValue(int_value=-(2**63))),
             KeyValue(key="bool", value=AnyValue(bool_value=True)), KeyValue(key="pi", value=AnyValue(double_value=3.5)),
@@ -121,7 +121,7 @@ BROKEN: list[dict[str, Any]] = [
     {"kind": -1},
     {"start_time_unix_nano": 2**63, "end_time_unix_nano": 2**63},
     {"end_time_unix_nano": START - 1},
-    {"status": Status(code=3)},
+    {"status": Status(code=cast(Any, 3))},
 ]
 
 
@@ -228,7 +228,7 @@ def test_repeated_keys_of_a_resource_or_scope_take_the_validators_road_at_once(w
 
 
 def _body(spans: int = 300) -> bytes:
-    return request(ScopeSpans(spans=[rich_span(i) for i in range(spans)])).SerializeToString()
+    return bytes(request(ScopeSpans(spans=[rich_span(i) for i in range(spans)])).SerializeToString())
 
 
 @pytest.fixture(scope="module")

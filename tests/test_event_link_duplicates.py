@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
@@ -123,7 +123,7 @@ def _pb_body() -> bytes:
     for i in range(7):
         s = span(i, event_dup=i == 3, link_dup=i == 5)
         message = Span(
-            trace_id=bytes.fromhex(TRACE), span_id=bytes.fromhex(s["spanId"]), name=s["name"], kind=1,
+            trace_id=bytes.fromhex(TRACE), span_id=bytes.fromhex(s["spanId"]), name=s["name"], kind=cast(Any, 1),
             start_time_unix_nano=int(s["startTimeUnixNano"]), end_time_unix_nano=int(s["endTimeUnixNano"]),
             attributes=[KeyValue(key="a", value=AnyValue(string_value=str(i)))],
         )  # fmt: skip
@@ -135,7 +135,7 @@ def _pb_body() -> bytes:
             link.attributes.add(key=item["key"], value=AnyValue(string_value=item["value"]["stringValue"]))
         spans.append(message)
     request = ExportTraceServiceRequest(resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=spans)])])
-    return request.SerializeToString()
+    return bytes(request.SerializeToString())
 
 
 @pytest.mark.parametrize("encoding", ["json", "protobuf"])
