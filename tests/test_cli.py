@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -68,3 +71,78 @@ def test_ingest_prints_the_counts_as_json_and_a_bad_file_is_one_line(tmp_path: A
         f"treellm: error: {bad}:2: resourceSpans[0].scopeSpans[0].spans[0].traceId: expected 32 hex digits, "
         "not all zero, got the number 1"
     ]
+
+
+# -- the terminal report keeps every tool name whole ---------------------------------------------------
+
+LONG_TOOLS = ("mcp__github__create_pull_request_review_comment_reply", "filesystem_read_text_file_with_line_numbers")
+
+
+def _report_data(tools: tuple[str, ...]) -> dict[str, Any]:
+    rows = [
+        {"tool": name, "calls": 12345, "pruned": 3, "prune_rate": 0.2, "identical_repeats": 4, "identical_wasted": 2,
+         "exact_repeats": 3, "productive_repeats": 1, "wasted_repeats": 1, "unknown_repeats": 1, "near_repeats": 0}
+        for name in tools
+    ]  # fmt: skip
+    return {"runs": 3, "tool_calls": 12345 * len(tools), "pruned": 3 * len(tools), "tools": rows}
+
+
+def _shown(data: dict[str, Any], width: int) -> list[str]:
+    from rich.console import Console
+
+    from treellm.cli import _report_renderable
+
+    console = Console(width=width, record=True, file=io.StringIO())
+    console.print(_report_renderable(data, width))
+    return console.export_text().splitlines()
+
+
+@pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.parametrize("tools", [LONG_TOOLS, ("read_file", "search")], ids=["long", "short"])
+def test_the_terminal_report_never_cuts_a_tool_name_or_a_number(width: int, tools: tuple[str, ...]) -> None:
+    lines = _shown(_report_data(tools), width)
+    assert all(len(line) <= width for line in lines)
+    for name in tools:
+        assert any(name in line for line in lines), (name, lines)
+    text = "\n".join(lines)
+    assert "…" not in text and "12345" in text and "20.0%" in text
+
+
+def test_the_report_is_a_table_with_whole_headers_where_it_fits_and_blocks_where_it_does_not() -> None:
+    short = _shown(_report_data(("read_file", "search")), 120)
+    assert any(line.startswith("tool ") and "exact repeats" in line for line in short)  # full headers, one table
+    narrow = _shown(_report_data(("read_file", "search")), 80)
+    assert any(line.startswith("tool ") and "prod." in line for line in narrow)  # abbreviated, still one table
+    assert any("ident.: identical" in line for line in narrow)
+    long = _shown(_report_data(LONG_TOOLS), 80)
+    assert LONG_TOOLS[0] in long and LONG_TOOLS[1] in long  # each name on a line of its own
+    assert any(line.strip().startswith("calls 12345") for line in long)
+
+
+def test_report_on_a_narrow_terminal_prints_whole_tool_names(tmp_path: Path) -> None:
+    db = tmp_path / "t.duckdb"
+    data = Path(__file__).parent.parent / "sample_traces" / "branch_local_loop.jsonl"
+    subprocess.run([sys.executable, "-m", "treellm", "ingest", str(data), "--db", str(db)], check=True,
+                   capture_output=True)  # fmt: skip
+    shown = subprocess.run(
+        [sys.executable, "-m", "treellm", "report", "--db", str(db)],
+        capture_output=True, text=True, check=True, env={**os.environ, "COLUMNS": "80"},
+    )  # fmt: skip
+    for name in ("read_file", "edit_file", "skill_review", "run_tests", "search"):
+        assert name in shown.stdout
+    assert "…" not in shown.stdout and max(len(line) for line in shown.stdout.splitlines()) <= 80
+
+
+def test_ingest_of_a_folder_prints_the_files_of_other_types_it_skipped(tmp_path: Path) -> None:
+    folder = tmp_path / "traces"
+    (folder / ".git").mkdir(parents=True)
+    (folder / ".git" / "config").write_text("[core]\n", encoding="utf-8")
+    (folder / "notes.md").write_text("# notes\n", encoding="utf-8")
+    (folder / "run.jsonl").write_bytes((Path(__file__).parent.parent / "sample_traces" / "retries.jsonl").read_bytes())
+    command = [sys.executable, "-m", "treellm", "ingest", str(folder), "--db", str(tmp_path / "t.duckdb")]
+    shown = subprocess.run(command, capture_output=True, text=True, check=True)
+    assert [line for line in shown.stderr.splitlines() if line.strip()] == [
+        f"treellm: skipped a file of another type: {folder / 'notes.md'}"
+    ]
+    as_json = subprocess.run([*command, "--json"], capture_output=True, text=True, check=True)
+    assert json.loads(as_json.stdout)["skipped_files"] == [str(folder / "notes.md")]

@@ -520,3 +520,19 @@ def test_gc_that_fails_to_swap_leaves_the_store_whole_and_no_copy(
     assert rows(con, "SELECT count(*) FROM runs") == [(young,)] and young > 0
     con.close()
     assert ingest(db, [demo_jsonl[0]]).runs == 1  # and it takes writes again
+
+
+def test_a_folder_ingest_lists_the_files_of_other_types_it_skipped(tmp_path: Path) -> None:
+    folder = tmp_path / "traces"
+    (folder / "deep" / ".cache").mkdir(parents=True)
+    (folder / "README.md").write_text("# notes\n", encoding="utf-8")
+    (folder / "deep" / "notes.txt").write_text("x\n", encoding="utf-8")
+    (folder / ".hidden.md").write_text("x\n", encoding="utf-8")
+    (folder / "deep" / ".cache" / "blob").write_text("x\n", encoding="utf-8")
+    sample = Path(__file__).resolve().parent.parent / "sample_traces" / "retries.jsonl"
+    (folder / "deep" / "run.jsonl").write_bytes(sample.read_bytes())
+    report = ingest(tmp_path / "t.duckdb", [folder])
+    assert report.files == 1 and report.spans == 5
+    assert report.skipped_files == (str(folder / "README.md"), str(folder / "deep" / "notes.txt"))
+    assert report.to_json()["skipped_files"] == list(report.skipped_files)
+    assert report.accounting.spans == 5

@@ -512,8 +512,8 @@ _RUN_ROOT = (
     "AND {s}.operation = 'invoke_agent' AND {s}.node_id IS NULL AND {s}.run_id IS NOT NULL))"
 )
 """A span that starts its run: the ``runs`` view's rule (``store/schema.py``), on the alias ``{s}``."""
-_NODE = "({s}.node_kind IS NOT NULL OR {s}.operation IN ('execute_tool', 'chat'))"
-_TOOL_SPAN = "({s}.operation = 'execute_tool' OR {s}.node_kind = 'tool')"
+_NODE = "coalesce({s}.node_kind IS NOT NULL OR {s}.operation IN ('execute_tool', 'chat'), false)"
+_TOOL_SPAN = "coalesce({s}.operation = 'execute_tool' OR {s}.node_kind = 'tool', false)"
 
 _WITHOUT_RUN_ID = "SELECT count(*) FROM stage WHERE run_id IS NULL AND node_kind IS NOT NULL"
 _FALL_BACK = "UPDATE stage SET node_id = NULL, node_kind = NULL WHERE run_id IS NULL AND node_kind IS NOT NULL"
@@ -529,7 +529,8 @@ WITH touched AS (
     FROM spans WHERE trace_id IN (SELECT DISTINCT trace_id FROM file_keys)
 ),
 run_facts AS (
-    SELECT run_id, bool_or({_RUN_ROOT.format(s="t")}) AS rooted, bool_or({_NODE.format(s="t")}) AS noded,
+    SELECT run_id, coalesce(bool_or({_RUN_ROOT.format(s="t")}), false) AS rooted,
+           bool_or({_NODE.format(s="t")}) AS noded,
            bool_or(t.convention IS NULL AND t.node_kind IS NULL AND t.node_id IS NULL AND t.skill_name IS NULL
                    AND t.operation IS DISTINCT FROM 'invoke_agent') AS headless
     FROM touched t WHERE run_id IS NOT NULL GROUP BY run_id
@@ -540,7 +541,7 @@ placed AS (
             WHEN n.run_id IS NULL OR (NOT r.rooted AND r.headless) THEN 'missing attribute'
             WHEN NOT r.rooted THEN 'no run root'
             WHEN n.convention = 'otel' AND NOT r.noded THEN 'unknown convention'
-            WHEN {_RUN_ROOT.format(s="n")} THEN 'run'
+            WHEN coalesce({_RUN_ROOT.format(s="n")}, false) THEN 'run'
             WHEN n.convention IS NULL AND {_TOOL_SPAN.format(s="n")} AND n.tool_name IS NULL THEN 'missing attribute'
             WHEN {_TOOL_SPAN.format(s="n")} AND n.tool_name IS NOT NULL THEN 'tool call'
             WHEN {_NODE.format(s="n")} THEN 'node'
