@@ -622,6 +622,7 @@ def test_a_trajectory_run_becomes_a_root_with_chat_and_tool_children() -> None:
         "treellm.trajectory.task_id": "t-1",
         "treellm.trajectory.reward": 0.5,
         "treellm.trajectory.solved": True,
+        "treellm.run.outcome": "failure",  # a reward below 1 (trajectory.run_result)
     }
     assert all(s["parentSpanId"] == root["spanId"] and s["traceId"] == root["traceId"] for s in children)
     assert [s["kind"] for s in spans] == [1, 3, 1, 1, 3, 1, 1, 3]

@@ -25,6 +25,7 @@ PUBLIC = {
         "repeat_outcome_by_tool",
         "repeat_samples",
         "repeats",
+        "repeats_by_run_outcome",
         "report",
         "rules_by_tool",
         "runs_by_day",

@@ -29,6 +29,7 @@ from treellm.analysis.near import (
     near_repeats,
     near_repeats_by_tool,
 )
+from treellm.analysis.outcomes import repeats_by_run_outcome
 from treellm.analysis.repeats import identical_repeats_by_tool, repeats
 from treellm.analysis.report import report, tune
 from treellm.analysis.rules import rules_by_tool
@@ -49,6 +50,7 @@ __all__ = [
     "repeat_outcome_by_tool",
     "repeat_samples",
     "repeats",
+    "repeats_by_run_outcome",
     "report",
     "rules_by_tool",
     "runs_by_day",

@@ -92,7 +92,8 @@ def tune(
              "advised_productive_pruned": int(rule.advised_productive_pruned), "examples": list(rule.examples)}
         )  # fmt: skip
     tools = [
-        {"tool": row.tool, "current_max_repeats": int(row.current_max_repeats),
+        {"tool": row.tool,
+         "current_max_repeats": None if pd.isna(row.current_max_repeats) else int(row.current_max_repeats),
          "recommended_max_repeats": int(row.recommended_max_repeats), "verdict": row.verdict,
          "samples": int(row.samples), "productive_rate": round(float(row.productive_rate), 4),
          "productive_rate_ci95": [round(float(row.productive_rate_low), 4), round(float(row.productive_rate_high), 4)],

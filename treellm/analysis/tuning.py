@@ -270,7 +270,8 @@ def tuning_by_tool(
     """Per tool: current and recommended limit, verdict, evidence and reason.
 
     ``raise`` needs ``min_productive`` productive repeats; data that never ran under a limit
-    says so (``observed_limit`` false: the advice rests on what-if replay); the evidence
+    says so (``observed_limit`` false and ``current_max_repeats`` missing, ``<NA>`` in its
+    nullable integer column: none observed; the advice rests on what-if replay at limit 1); the evidence
     names the branches a limit would end and quotes the calls that drive a raise; a tool
     whose productive repeats follow its own other calls (it reads and writes) gets
     ``mutates`` with its state-change rule instead of a higher limit.
@@ -324,7 +325,7 @@ def tuning_by_tool(
                 "write) and counted afresh: needed re-runs, not loops, so they argue for no higher limit"
             )
         rows.append(
-            {"tool": tool, "current_max_repeats": current,
+            {"tool": tool, "current_max_repeats": current if observed else None,
              "limit_source": item.limit_source if isinstance(item.limit_source, str) else ("default" if observed
                                                                                           else "none"),
              "observed_limit": bool(observed), "recommended_max_repeats": recommended, "verdict": verdict,
@@ -338,6 +339,7 @@ def tuning_by_tool(
     if not rows:
         return pd.DataFrame()
     frame = pd.DataFrame(rows)
+    frame["current_max_repeats"] = frame["current_max_repeats"].astype("Int64")
     frame["_order"] = frame["verdict"].map(VERDICT_ORDER)
     return frame.sort_values(["_order", "samples", "tool"], ascending=[True, False, True], ignore_index=True).drop(
         columns="_order"

@@ -74,7 +74,9 @@ class ToolResult:
 @dataclass(frozen=True, slots=True)
 class RunReading:
     """What a reader found in one run (see the module docstring); ``results`` maps a call's
-    index in ``calls`` to its result, ``fields`` become ``treellm.trajectory.<key>`` on the root."""
+    index in ``calls`` to its result, ``fields`` become ``treellm.trajectory.<key>`` on the root,
+    ``outcome`` (the result the data records, such as ``success`` or ``failure``; None: none
+    recorded) becomes the run's ``treellm.run.outcome``."""
 
     positions: int
     chats: tuple[int, ...]
@@ -82,6 +84,7 @@ class RunReading:
     results: Mapping[int, ToolResult]
     fields: Mapping[str, Scalar] = field(default_factory=dict)
     synthetic_call_ids: bool = False
+    outcome: str | None = None
 
 
 def run_records(
@@ -231,6 +234,8 @@ def run_spans(reading: RunReading, index: int, *, digest: bytes, agent: str) -> 
         sc.RUN_ID: f"{trace_id}:{root_id}",
         _TRAJECTORY_INDEX: index,
     }
+    if reading.outcome is not None:
+        root_attributes[sc.RUN_OUTCOME] = reading.outcome
     for key, value in reading.fields.items():
         root_attributes.setdefault(TRAJECTORY_PREFIX + key, value)
     root_name = f"{sc.OP_INVOKE_AGENT} trajectory"

@@ -32,6 +32,15 @@ Where the calls are, decided per run:
 A run with assistant messages but no call found either way is stored, and its record
 warns, naming the run's index.
 
+The run's outcome (``treellm.run.outcome`` on its root span, the ``outcome`` of the ``runs``
+view) is the result the run object records, when it records one (:func:`run_result`), first
+found in this order, each at the top level or under ``info``: SWE-bench's ``resolved``
+(true: ``success``, false: ``failure``); tau-bench's ``reward`` (1: ``success``, from 0 to
+below 1: ``failure``); an integer ``exit_code``, ``exit_status`` or ``returncode`` (0:
+``success``, else ``failure``). Anything else (no such field, a reward outside [0, 1], a
+text exit status such as mini-swe-agent's ``Submitted``) records no result, and the run's
+outcome stays ``completed``, as for any trace without one.
+
 Detection: an object with a ``messages`` or ``traj`` list, a list whose first object has a
 ``role``, a list of lists whose first object has a ``role``, or an empty list.
 """
@@ -40,11 +49,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from collections import deque
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from treellm.errors import IngestError
 from treellm.store.formats._base import JsonObject, Malformed, Record, kind_of, load_json
@@ -74,6 +85,9 @@ MAPPING: Final = (
 )
 
 logger = logging.getLogger(__name__)
+
+TaskResult = Literal["success", "failure"]
+_RESULT_PLACES: Final = ("resolved", "reward", "exit_code", "exit_status", "returncode")
 
 _TEXT_ACTION: Final = re.compile(r"```(?:bash|mswea_bash_command)\s*\n(.*?)\n```", re.DOTALL)
 """mini-swe-agent's ``action_regex`` (``bash`` in 1.x, ``mswea_bash_command`` in 2.x's text format)."""
@@ -139,9 +153,33 @@ def _runs(obj: object, *, path: str) -> list[Any]:
 def _checked_reading(run: object, index: int, *, path: str) -> RunReading:
     try:
         messages, fields = _run_parts(run)
-        return _read_messages(messages, fields)
+        reading = _read_messages(messages, fields)
     except Malformed as exc:
         raise IngestError(str(exc), path=path, record=index) from None
+    result = run_result(run) if isinstance(run, Mapping) else None
+    return replace(reading, outcome=result) if result is not None else reading
+
+
+def run_result(run: Mapping[str, Any]) -> TaskResult | None:
+    """The result a run object records (pure; the rules are in the module docstring), or None."""
+    info = run.get("info")
+    places = [run, info] if isinstance(info, Mapping) else [run]
+    for key in _RESULT_PLACES:
+        for place in places:
+            result = _result_of(key, place.get(key))
+            if result is not None:
+                return result
+    return None
+
+
+def _result_of(key: str, value: object) -> TaskResult | None:
+    if key == "resolved":
+        return ("success" if value else "failure") if isinstance(value, bool) else None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    if key == "reward":
+        return "success" if value == 1 else "failure" if 0 <= value < 1 else None
+    return ("success" if value == 0 else "failure") if isinstance(value, int) else None
 
 
 def _run_parts(run: object) -> tuple[list[Any], dict[str, str | int | float | bool]]:
