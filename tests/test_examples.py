@@ -1,0 +1,80 @@
+"""The programs in ``examples/`` run as written: each against the scripted OpenAI-compatible
+server (``tests/openai_server.py``) in its framework's environment (``.venv-fw/<name>``, built
+by the Makefile, or here when it is missing: never skipped), or on the shipped data."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from treellm.collector import Collector, CollectorConfig
+from treellm.store import open_store
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+sys.path.insert(0, str(ROOT / "tests" / "frameworks"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from harness import framework_python  # noqa: E402
+from openai_server import Call, OpenAIServer, Turn  # noqa: E402
+
+TESTED = {"langgraph_guard.py", "agents_sdk_collect.py", "coding_agent_tune.py"}
+QUIET = {"LANGCHAIN_TRACING_V2": "false", "DO_NOT_TRACK": "1", "OPENAI_API_KEY": "sk-test", "PYTHONPATH": ""}
+
+
+def _run(python: Path | str, example: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [str(python), str(EXAMPLES / example), *args],
+        check=False, capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, **QUIET, **env},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_every_example_is_tested() -> None:
+    assert {p.name for p in EXAMPLES.glob("*.py")} == TESTED
+
+
+def test_the_langgraph_agent_with_the_guard_runs_the_repeated_search_once() -> None:
+    search = Turn(tool_calls=[Call("search", {"query": "refund policy"})])
+    script = [search, search, search, Turn(text="Refunds are accepted within 30 days.")]
+    with OpenAIServer(script, plain_json=True) as server:
+        done = _run(framework_python("langgraph"), "langgraph_guard.py", {"OPENAI_BASE_URL": server.base_url})
+    assert done.stdout.splitlines() == ["search ran 1 time(s)", "answer: Refunds are accepted within 30 days."]
+    # the repeats reached the model as the guard's answer, not as another run of the tool
+    last = server.requests[-1].body["messages"]
+    answers = [m["content"] for m in last if m["role"] == "tool"]
+    assert len(answers) == 3 and answers[0].startswith("3 articles")
+    assert all(a.startswith("[treellm] search was already called once") for a in answers[1:])
+
+
+def test_the_agents_sdk_agent_is_traced_into_collect(tmp_path: Path) -> None:
+    script = [Turn(tool_calls=[Call("get_order", {"order_id": "1234"})]), Turn(text="Order 1234 has shipped.")]
+    db = tmp_path / "runs.duckdb"
+    with OpenAIServer(script, plain_json=True) as server, Collector(
+        db, CollectorConfig(port=0, flush_interval_s=0.2)
+    ) as collector:  # fmt: skip
+        done = _run(
+            framework_python("agents"), "agents_sdk_collect.py",
+            {"OPENAI_BASE_URL": server.base_url, "TREELLM_COLLECT_URL": collector.url},
+        )  # fmt: skip
+    assert done.stdout.strip() == "answer: Order 1234 has shipped."
+    con = open_store(db, read_only=True)
+    try:
+        assert con.execute("SELECT count(*), any_value(service) FROM runs").fetchone() == (1, "support-agent")
+        assert con.execute("SELECT tool, arguments, result FROM tool_calls").fetchall() == [
+            ("get_order", '{"order_id": "1234"}', "order 1234: 2 items, shipped")
+        ]
+    finally:
+        con.close()
+
+
+def test_the_coding_agent_trajectories_are_ingested_and_tuned(tmp_path: Path) -> None:
+    trajectories = sorted((ROOT / "tests" / "data" / "mini-swe-agent" / "deepseek_chat_dev").glob("sqlfluff*.json"))
+    done = _run(sys.executable, "coding_agent_tune.py", {}, *map(str, trajectories), "--db", str(tmp_path / "t.db"))
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith(f"{len(trajectories)} trajectories: {len(trajectories)} runs, ")
+    assert lines[1].startswith("bash: ") and "exact repeats" in lines[1]
+    assert any(line.startswith("tune bash: ") and "max_repeats" in line for line in lines)
