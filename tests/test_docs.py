@@ -46,3 +46,37 @@ def test_the_quick_start_example_runs_and_prints_what_it_says() -> None:
     with contextlib.redirect_stdout(out):
         exec(compile(code, "README quick start", "exec"), {})
     assert out.getvalue().strip() == expected.group(1)
+
+
+def _python_blocks() -> list[tuple[str, str]]:
+    """(code, the prose after it up to the next block or heading) of each README Python block."""
+    found = re.finditer(r"```python\n(.*?)```\n(.*?)(?=```|\n#)", README, re.S)
+    return [(m.group(1), m.group(2)) for m in found]
+
+
+# Snippets of a framework adapter that name no runnable example yet (their adapters are tested
+# with the real frameworks in tests/test_integrations_smol_pydantic.py).
+NOT_YET_AN_EXAMPLE = ("from treellm.integrations.smolagents import", "from treellm.integrations.pydantic_ai import")
+
+
+def test_every_readme_python_example_runs_as_written_or_names_a_runnable_example(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from test_examples import TESTED
+
+    blocks = _python_blocks()
+    assert len(blocks) >= 10
+    ran = 0
+    for code, after in blocks:
+        named = re.findall(r"examples/(\w+\.py)", code + after)
+        if named:
+            assert set(named) <= TESTED, named  # each is run by tests/test_examples.py
+            continue
+        if code.startswith(NOT_YET_AN_EXAMPLE):
+            continue
+        # in order, in one folder, as a new user pastes each into a file and runs it
+        done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, (code, done.stderr[-2000:])
+        ran += 1
+    assert ran >= 6
