@@ -2,9 +2,8 @@
 
 The page icon is a local file (a Material or emoji favicon would be fetched from a font
 CDN): nothing the dashboard shows is loaded from outside the machine. The toolbar is the
-viewer's (``client.toolbarMode = "viewer"``: no Deploy button, no developer options), set
-here for sessions started by hand; ``treellm dashboard`` passes the option on the command line
-so that the very first session has it too.
+viewer's (no Deploy button, no developer options): ``client.toolbarMode = "viewer"`` in
+``.streamlit/config.toml`` beside this script, which Streamlit reads whatever the working folder.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import streamlit as st
 
 HERE = Path(__file__).resolve().parent
 
-st.set_option("client.toolbarMode", "viewer")
 st.set_page_config(page_title="treellm", page_icon=HERE / "icon.svg", layout="wide")
 pages = [
     st.Page(HERE / "views" / "overview.py", title="Overview", icon=":material/insights:", default=True),

@@ -353,7 +353,7 @@ def timeline_figure(spans: pd.DataFrame, loops: pd.DataFrame | None = None) -> g
     for kind in dict.fromkeys(kinds):
         members = [i for i, k in enumerate(kinds) if k == kind]
         fig.add_bar(
-            y=members, x=[lengths[i] for i in members], base=[starts[i] for i in members], orientation="h",
+            y=members, x=[lengths[i] for i in members], base=[starts[i] for i in members], orientation="h", width=0.8,
             name=plotly_text(kind or "other span"), marker_color=KIND_COLORS.get(kind or "", OTHER_SPAN_COLOR),
             marker_line={"width": [2 if rows[i].status == "failed" else 0 for i in members], "color": FAILED_COLOR},
             hovertext=[_span_hover(rows[i], starts[i]) for i in members], hoverinfo="text",
@@ -371,9 +371,9 @@ def timeline_figure(spans: pd.DataFrame, loops: pd.DataFrame | None = None) -> g
     labels = [plotly_text(f"{r.name}", 48) for r in rows]
     more = f" (the first {len(shown)} of {len(order)})" if len(order) > len(shown) else ""
     fig.update_layout(
-        title=f"Span timeline: {len(order)} spans{more}, {len(caught)} caught call(s)",
+        title=f"Span timeline (ms since the run started): {len(order)} spans{more}, {len(caught)} caught call(s)",
         height=min(2400, 160 + 22 * len(rows)), barmode="overlay", legend={"orientation": "h"},
-        xaxis={"title": "ms since the run started", "rangemode": "nonnegative"},
+        xaxis={"rangemode": "nonnegative"},
         yaxis={"tickvals": list(range(len(rows))), "ticktext": labels, "autorange": "reversed"},
     )  # fmt: skip
     return fig

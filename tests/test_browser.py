@@ -77,13 +77,17 @@ def serving(db: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def dashboard_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def samples_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if chromium() is None:
         pytest.skip("no Chromium on this machine (set TREELLM_REQUIRE_BROWSER=1 to make this a failure)")
-    folder = tmp_path_factory.mktemp("browser")
-    db = folder / "samples.duckdb"
+    db = tmp_path_factory.mktemp("browser") / "samples.duckdb"
     ingest(db, [ROOT / "sample_traces", ROOT / "tests" / "data" / "frameworks" / "langgraph.pb"])
-    with serving(db) as url:
+    return db
+
+
+@pytest.fixture(scope="module")
+def dashboard_url(samples_db: Path) -> Iterator[str]:
+    with serving(samples_db) as url:
         yield url
 
 
@@ -291,5 +295,113 @@ def test_the_busy_page_recovers_by_itself_in_a_real_browser(tmp_path: Path) -> N
                     holder.communicate("\n", timeout=30)
             page.get_by_text("Tuning verdicts at a glance").first.wait_for(timeout=60_000)
             assert page.get_by_text("Store busy, retrying", exact=False).count() == 0
+        finally:
+            browser.close()
+
+
+# -- the run explorer: search, sort, open a run's timeline and chat ----------------------------------
+
+
+def _cell(page: Any, column: int, row: int) -> str:
+    """The text of one cell of the page's first table (glide's accessible copy of its canvas)."""
+    return str(page.evaluate(f"() => document.getElementById('glide-cell-{column}-{row}')?.textContent ?? ''"))
+
+
+def _settled(page: Any) -> None:
+    """Wait until the script's run is over: no stale elements, no running indicator."""
+    page.wait_for_function(
+        """() => document.querySelectorAll('[data-stale=true]').length == 0
+                 && document.querySelectorAll('[data-testid=stStatusWidget]').length == 0
+                 && document.querySelectorAll('[data-testid=stSkeleton]').length == 0""",
+        timeout=60_000,
+    )
+
+
+def test_the_run_explorer_finds_sorts_and_opens_a_run_in_a_real_browser(
+    samples_db: Path, dashboard_url: str, tmp_path: Path
+) -> None:
+    """Type text found in calls' arguments, sort by wasted repeats, pick the first row, then
+    its timeline and a think node's chat; each view's URL opens it again directly."""
+    from playwright.sync_api import sync_playwright
+
+    from treellm.analysis.explorer import RunQuery, run_spans, run_table
+    from treellm.store import open_store
+
+    con = open_store(samples_db, read_only=True)
+    try:  # what the page should list: the runs whose calls hold "refund", most wasted repeats first
+        expected = list(run_table(con, query=RunQuery(text="refund", sort="wasted"))["run_id"])
+        spans = len(run_spans(con, expected[0]))
+    finally:
+        con.close()
+    assert len(expected) >= 2
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 2400})
+            page.goto(f"{dashboard_url}/run")
+            page.get_by_text("Node details").first.wait_for(timeout=60_000)
+            _settled(page)
+            assert page.locator("[data-testid=stAppDeployButton]").count() == 0  # the viewer's toolbar
+            search = page.get_by_label("Search tool arguments and results")
+            search.fill("refund")
+            search.press("Enter")
+            page.get_by_text(f"{len(expected)} runs match", exact=False).first.wait_for(timeout=60_000)
+            _settled(page)
+            newest = _cell(page, 10, 0)
+            page.get_by_label("Sort by").click()
+            page.get_by_role("option", name="wasted repeats").click()
+            page.wait_for_function(
+                "(id) => document.getElementById('glide-cell-10-0')?.textContent === id", arg=expected[0],
+                timeout=60_000,
+            )  # fmt: skip
+            _settled(page)
+            assert [_cell(page, 10, i) for i in range(len(expected))] == expected
+            assert newest != expected[0]  # the order changed: the most wasted repeats first
+            wasted = [int(_cell(page, 7, i)) for i in range(len(expected))]
+            assert wasted == sorted(wasted, reverse=True) and wasted[0] > wasted[-1]
+            grid = page.locator("[data-testid=stDataFrame]").first.bounding_box()
+            assert grid is not None
+            page.mouse.click(grid["x"] + 17, grid["y"] + 35 + 17)  # the first row's selection box
+            run_id = expected[0]
+            page.wait_for_function("(id) => new URL(location.href).searchParams.get('run') === id", arg=run_id,
+                                   timeout=60_000)  # fmt: skip
+            page.locator("[data-testid=stCode] code", has_text=run_id).first.wait_for(timeout=60_000)
+            _settled(page)
+            page.locator("[data-testid=stButtonGroup] button", has_text="timeline").first.click()
+            page.get_by_text("Span timeline", exact=False).first.wait_for(timeout=60_000)
+            page.wait_for_function("() => new URL(location.href).searchParams.get('view') === 'timeline'",
+                                   timeout=60_000)  # fmt: skip
+            _settled(page)
+            bars = page.evaluate(
+                """() => { const plot = [...document.querySelectorAll('.js-plotly-plot')]
+                                         .find(p => (p.layout?.title?.text ?? '').includes('Span timeline'));
+                           return plot ? plot.data.filter(t => t.type === 'bar')
+                                                  .reduce((n, t) => n + t.y.length, 0) : -1; }"""
+            )
+            assert bars == spans, (bars, spans)  # one bar per span of the run
+            timeline_url = page.url
+            page.screenshot(path=str(tmp_path / "timeline.png"), full_page=True)
+            page.locator("[data-testid=stButtonGroup] button", has_text="chat").first.click()
+            page.wait_for_function("() => new URL(location.href).searchParams.get('view') === 'chat'",
+                                   timeout=60_000)  # fmt: skip
+            page.locator("[data-testid=stChatMessage]", has_text="refund policy").first.wait_for(timeout=60_000)
+            _settled(page)
+            chat = page.locator("[data-testid=stChatMessage]").all_inner_texts()
+            assert any("calls search" in m for m in chat) and any("ran search" in m for m in chat), chat
+            chat_url = page.url
+            page.screenshot(path=str(tmp_path / "chat.png"), full_page=True)
+            assert page.locator("[data-testid='stException']").count() == 0
+            for url, shown in ((timeline_url, "Span timeline"), (chat_url, "refund policy")):  # deep links
+                fresh = browser.new_page(viewport={"width": 1400, "height": 2400})
+                fresh.goto(url)
+                fresh.locator("[data-testid=stCode] code", has_text=run_id).first.wait_for(timeout=60_000)
+                fresh.get_by_text(shown, exact=False).first.wait_for(timeout=60_000)
+                _settled(fresh)
+                assert fresh.locator("[data-testid='stException']").count() == 0
+                fresh.close()
+            keep = ROOT / "test-output"
+            keep.mkdir(exist_ok=True)
+            for name in ("timeline.png", "chat.png"):
+                shutil.copy(tmp_path / name, keep / f"run-{name}")
         finally:
             browser.close()

@@ -69,7 +69,8 @@ with data.show_problems():
                "timeline and chat columns are links to each.")  # fmt: skip
     st.session_state["run_table_ids"] = list(table["run_id"])
     st.dataframe(data.run_rows(table), hide_index=True, width="stretch", column_config=data.RUN_ROW_COLUMNS,
-                 on_select=pick_run, selection_mode="single-row", key="run_table", height=320)  # fmt: skip
+                 on_select=pick_run, selection_mode="single-row", key="run_table",
+                 height=min(320, 40 + 35 * max(len(table), 1)))  # fmt: skip
     wanted = params.get("run")
     run_id: str | None = None
     if wanted:
@@ -82,8 +83,7 @@ with data.show_problems():
         if table.empty:
             st.info("No runs in this selection." if not search else "No run's calls hold this text.")
             st.stop()
-        run_id = str(table["run_id"].iloc[0])
-    st.query_params["run"] = run_id
+        run_id = str(table["run_id"].iloc[0])  # not put in the URL: it follows the list until a row is picked
     detail = data.run_detail(run_id)
     nodes, loops, run = detail["nodes"], detail["loops"], detail["run"]
     st.subheader("Run")
