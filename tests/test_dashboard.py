@@ -108,6 +108,54 @@ def test_prune_rate_chart_stacks_actions() -> None:
     assert list(fig.data[0].y) == ["a", "b"]
 
 
+def test_the_time_axis_holds_dates_and_the_prune_rate_never_reads_below_zero() -> None:
+    by_day = pd.DataFrame({"day": [pd.Timestamp("2026-01-01").date(), pd.Timestamp("2026-01-05").date()],
+                           "runs": [3, 1], "tool_calls": [9, 2], "pruned": [0, 0], "wasted": [0, 1],
+                           "prune_rate": [0.0, 0.0]})  # fmt: skip
+    fig = charts.runs_over_time_chart(by_day)
+    assert fig.layout.xaxis.type == "date"
+    assert all(str(x).startswith("2026-01-0") for x in fig.data[0].x)
+    assert fig.layout.yaxis2.range[0] == 0 and fig.layout.yaxis2.range[1] > 0
+    assert fig.layout.yaxis.rangemode == "nonnegative"
+
+
+def _spans() -> pd.DataFrame:
+    rows = [  # span, parent, name, node, kind, start, end, status: given out of tree order
+        ("c", "a", "execute_tool <b>t</b>", "n2", "tool", 30, 60, "failed"),
+        ("a", None, "invoke_agent", None, None, 0, 100, "ok"),
+        ("b", "a", "chat m", "n1", "think", 10, 20, "ok"),
+        ("d", "b", "chat m", "n3", "think", 70, 90, "ok"),
+        ("e", "zz", "orphan", None, None, 5, 6, "ok"),
+    ]
+    frame = pd.DataFrame(rows, columns=["span_id", "parent_span_id", "name", "node_id", "kind", "start_ns",
+                                        "end_ns", "status"])  # fmt: skip
+    return frame.assign(start_ns=frame["start_ns"] * 1_000_000, end_ns=frame["end_ns"] * 1_000_000, tool=None,
+                        operation=None)  # fmt: skip
+
+
+def test_the_timeline_draws_spans_in_tree_order_from_the_runs_start() -> None:
+    spans = _spans()
+    assert [spans["span_id"].iloc[i] for i in charts.timeline_order(spans)] == ["a", "b", "d", "c", "e"]
+    loops = pd.DataFrame([{"node_id": "n1", "tool": "<i>t</i>", "count": 2, "limit": 1, "limit_source": "default",
+                           "action": "prune", "shadow": False, "arguments": "{}", "time_ns": 15_000_000}])  # fmt: skip
+    fig = charts.timeline_figure(spans, loops)
+    bars = {t.name: t for t in fig.data if t.type == "bar"}
+    assert set(bars) == {"other span", "think", "tool"}
+    assert list(bars["tool"].base) == [30.0] and list(bars["tool"].x) == [30.0]  # ms since the first span
+    assert list(bars["tool"].marker.line.width) == [2]  # failed: outlined
+    assert sorted(y for t in bars.values() for y in t.y) == [0, 1, 2, 3, 4]  # one row each, never merged
+    assert list(fig.layout.yaxis.ticktext)[3] == "execute_tool &lt;b&gt;t&lt;/b&gt;"
+    caught = next(t for t in fig.data if t.name == "caught call")
+    assert list(caught.x) == [15.0] and list(caught.y) == [1]  # on the row of the think node that asked
+    assert "&lt;i&gt;" in caught.hovertext[0] and "<i>" not in caught.hovertext[0]
+    assert charts.timeline_figure(spans.iloc[0:0]).layout.annotations
+
+
+def test_a_cycle_of_parents_draws_each_span_once() -> None:
+    spans = _spans().assign(parent_span_id=["b", "c", "a", None, None])
+    assert sorted(charts.timeline_order(spans)) == [0, 1, 2, 3, 4]
+
+
 # -- pages ------------------------------------------------------------------------------------------
 
 
@@ -165,6 +213,40 @@ def test_a_foreign_run_is_drawn_as_a_tree(tmp_path: Path, monkeypatch: pytest.Mo
         ("tool", 2),
         ("think", 3),
     ]
+
+
+def test_the_run_list_is_searched_and_sorted(sample_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = page("run_explorer", sample_store, monkeypatch)
+    listed = at.dataframe[0].value
+    assert len(listed) == 309 and list(listed["started"]) == sorted(listed["started"], reverse=True)
+    at.selectbox(key="run_sort").select("wasted repeats").run()
+    listed = at.dataframe[0].value
+    assert list(listed["wasted"]) == sorted(listed["wasted"], reverse=True) and listed["wasted"].iloc[0] > 0
+    assert at.query_params["sort"] == "wasted repeats"
+    at.text_input(key="run_search").input("record 7").run()
+    listed = at.dataframe[0].value
+    assert "sample-nudge_and_cache" in set(listed["run_id"]) and len(listed) < 309
+    assert at.query_params["q"] == "record 7"
+    assert all(link.startswith("run?run=") and "view=timeline" in link for link in listed["timeline"])
+    at.text_input(key="run_search").input("no call holds this").run()
+    assert at.dataframe[0].value.empty and any("No run's calls hold this text" in i.value for i in at.info)
+
+
+def test_a_link_opens_a_runs_timeline_and_a_think_nodes_chat(sample_store: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    at = page("run_explorer", sample_store, monkeypatch, run="sample-nudge_and_cache", view="timeline")
+    assert at.segmented_control(key="view").value == "timeline"
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    timeline = next(s for s in specs if "Span timeline" in s["layout"]["title"]["text"])
+    assert sum(len(t["y"]) for t in timeline["data"] if t["type"] == "bar") == 8
+    assert sum(len(t["x"]) for t in timeline["data"] if t.get("name") == "caught call") == 2
+    chat = page("run_explorer", sample_store, monkeypatch, run="sample-nudge_and_cache", view="chat", node="n2")
+    assert chat.selectbox(key="node_pick").value == "n1"  # a tool node's chat is its think node's
+    assert chat.query_params["node"] == "n1" and chat.query_params["view"] == "chat"
+    texts = [c.value for c in chat.code]
+    assert '{"id":7}' in texts and "record 7: status shipped" in texts and "A-1: 12 EUR" in texts
+    caught = page("run_explorer", sample_store, monkeypatch, run="sample-nudge_and_cache", view="chat", node="n5")
+    assert any("caught" in c.value for c in caught.caption)
 
 
 def test_a_run_without_prunes_says_so(sample_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
