@@ -62,23 +62,33 @@ def _empty(title: str, message: str) -> go.Figure:
     return fig
 
 
+BARS_WITHIN_DAYS = 31
+"""Over at most this many days the overview draws a bar per day; over longer spans a day's bar
+would be a hairline on the date axis, so counts are drawn as lines with markers."""
+
+
 def runs_over_time_chart(by_day: pd.DataFrame) -> go.Figure:
     """Runs, tool calls, pruned calls and wasted repeats per day, with the prune rate: days on
     a date axis (gaps show as gaps), counts and the rate never drawn below zero."""
     if by_day.empty:
         return _empty("Over time", "no runs")
     days = pd.to_datetime(by_day["day"])
+    span_days = (days.max() - days.min()).days
     fig = go.Figure()
     for column, name in (("runs", "runs"), ("tool_calls", "tool calls"), ("pruned", "pruned"), ("wasted", "wasted")):
-        fig.add_bar(x=days, y=by_day[column], name=name, xperiod=86_400_000, xperiodalignment="middle")
-    fig.add_scatter(x=days, y=by_day["prune_rate"], name="prune rate", yaxis="y2", mode="lines+markers")
+        if span_days <= BARS_WITHIN_DAYS:
+            fig.add_bar(x=days, y=by_day[column], name=name, xperiod=86_400_000, xperiodalignment="middle")
+        else:
+            fig.add_scatter(x=days, y=by_day[column], name=name, mode="lines+markers")
+    fig.add_scatter(x=days, y=by_day["prune_rate"], name="prune rate", yaxis="y2", mode="lines+markers",
+                    line={"dash": "dot"})  # fmt: skip
     top = max(float(by_day["prune_rate"].max()), 0.01)
     fig.update_layout(
-        title="Over time", barmode="group", height=320,
-        xaxis={"type": "date", "tickformat": "%Y-%m-%d", "dtick": 86_400_000 if len(days) <= 14 else None},
+        title="Over time", barmode="group", height=340, legend={"orientation": "h", "y": -0.2},
+        xaxis={"type": "date", "dtick": 86_400_000 if span_days <= 14 else None},
         yaxis={"title": "count", "rangemode": "nonnegative"},
         yaxis2={"overlaying": "y", "side": "right", "tickformat": ".0%", "title": "prune rate",
-                "range": [0, min(1.0, top * 1.1)], "rangemode": "nonnegative"},
+                "range": [0, min(1.0, top) * 1.1], "rangemode": "nonnegative"},
     )  # fmt: skip
     return fig
 

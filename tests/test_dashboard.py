@@ -116,7 +116,10 @@ def test_the_time_axis_holds_dates_and_the_prune_rate_never_reads_below_zero() -
     assert fig.layout.xaxis.type == "date"
     assert all(str(x).startswith("2026-01-0") for x in fig.data[0].x)
     assert fig.layout.yaxis2.range[0] == 0 and fig.layout.yaxis2.range[1] > 0
-    assert fig.layout.yaxis.rangemode == "nonnegative"
+    assert fig.layout.yaxis.rangemode == "nonnegative" and fig.data[0].type == "bar"
+    years = charts.runs_over_time_chart(by_day.assign(day=pd.to_datetime(["2024-01-01", "2026-11-30"])))
+    assert years.layout.xaxis.type == "date" and years.layout.xaxis.dtick is None
+    assert years.data[0].type == "scatter"  # a day's bar would be a hairline over two years
 
 
 def _spans() -> pd.DataFrame:
