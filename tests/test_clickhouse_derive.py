@@ -1,0 +1,217 @@
+"""`treellm derive`: the spans the Collector's ClickHouse exporter wrote into ``otel_traces``
+(treellm's own and other frameworks', rows exactly as the exporter writes them) give the
+reports DuckDB gives for the same spans, whatever order or pass they arrive in.
+
+One chDB folder for the module (chDB allows one data folder per process); each scenario has
+its own spans table and treellm database in it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from clickhouse_rows import exporter_rows, file_rows, insert_sql
+from test_clickhouse import normalised
+
+from treellm import analysis as A
+from treellm.cli import main
+from treellm.errors import ConfigError
+from treellm.store import ingest, open_store
+from treellm.store.clickhouse import ClickHouseConnection, open_clickhouse
+from treellm.store.clickhouse_derive import Shard, derive_once, parse_shard, run_derive, underived
+from treellm.store.formats import detect_format, iter_traces_data
+
+ROOT = Path(__file__).resolve().parents[1]
+# other frameworks' spans as their real instrumentors recorded them, and any-agent's traces
+FOREIGN = [*sorted((ROOT / "tests" / "data" / "frameworks").glob("*.pb")),
+           *sorted((ROOT / "tests" / "data" / "external").glob("any-agent-*.json"))]  # fmt: skip
+SAMPLES = sorted((ROOT / "sample_traces").glob("*.jsonl"))
+FRAMES = ["prune_rate_by_tool", "repeat_outcome_by_tool", "repeats", "near_repeats", "tuning_by_tool", "shape_by_run"]
+
+
+def rows_of(path: Path) -> list[dict[str, Any]]:
+    """The exporter's rows for every span of a trace file, whatever its format."""
+    fmt = detect_format(path)
+    if fmt == "otlp-jsonl":
+        return file_rows(path)
+    return [row for _, data in iter_traces_data(path, fmt) for row in exporter_rows(data)]
+
+
+def insert(ch: ClickHouseConnection, rows: list[dict[str, Any]]) -> None:
+    for start in range(0, len(rows), 5000):
+        ch.command(insert_sql(rows[start : start + 5000], ch.table))
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("derive")
+
+
+@pytest.fixture(scope="module")
+def duck_foreign(folder: Path) -> Iterator[Any]:
+    db = folder / "foreign.duckdb"
+    ingest(db, FOREIGN)
+    con = open_store(db, read_only=True)
+    yield con
+    con.close()
+
+
+@pytest.fixture(scope="module")
+def duck_samples(folder: Path) -> Iterator[Any]:
+    db = folder / "samples.duckdb"
+    ingest(db, SAMPLES)
+    con = open_store(db, read_only=True)
+    yield con
+    con.close()
+
+
+Connect = Callable[[str, str | None], ClickHouseConnection]
+
+
+@pytest.fixture(scope="module")
+def connect(folder: Path) -> Iterator[Connect]:
+    """Connections to the module's chDB folder, each scenario's table and database, all closed at
+    the end only: chDB shares one engine per process, and closing a session while others are open
+    is not safe."""
+    opened: list[ClickHouseConnection] = []
+
+    def open_one(name: str, database: str | None = None) -> ClickHouseConnection:
+        ch = open_clickhouse(
+            f"chdb:{folder / 'chdb'}", table=f"{name}.otel_traces", database=database or f"treellm_{name}",
+            create_table=True,
+        )  # fmt: skip
+        opened.append(ch)
+        return ch
+
+    yield open_one
+    for ch in reversed(opened):
+        ch.close()
+
+
+@pytest.fixture(scope="module")
+def foreign(connect: Connect) -> ClickHouseConnection:
+    """Other frameworks' spans sent to the Collector, then one `derive --once`."""
+    ch = connect("foreign", None)
+    insert(ch, [row for path in FOREIGN for row in rows_of(path)])
+    run_derive(ch, wait_s=0, once=True)
+    return ch
+
+
+def test_other_frameworks_spans_from_the_collector_report_and_tune_as_duckdb(
+    foreign: ClickHouseConnection, duck_foreign: Any
+) -> None:
+    expected = A.report(duck_foreign)
+    assert expected["runs"] > 0 and expected["tool_calls"] > 0
+    assert A.report(foreign) == expected
+    assert A.tune(foreign) == A.tune(duck_foreign)
+    assert A.totals(foreign) == A.totals(duck_foreign)
+
+
+@pytest.mark.parametrize("name", FRAMES)
+def test_other_frameworks_spans_give_identical_frames(
+    foreign: ClickHouseConnection, duck_foreign: Any, name: str
+) -> None:
+    assert normalised(getattr(A, name)(foreign)) == normalised(getattr(A, name)(duck_foreign))
+
+
+@pytest.mark.parametrize("view", ["runs", "tool_calls", "loop_events", "nodes"])
+def test_other_frameworks_views_agree_cell_for_cell(
+    foreign: ClickHouseConnection, duck_foreign: Any, view: str
+) -> None:
+    frame = duck_foreign.execute(f"SELECT * FROM {view} LIMIT 0").df()
+    columns = [c for c in frame.columns if c != "source" and not c.endswith("_raw")]
+    select = f"SELECT {', '.join(f'`{c}`' for c in columns)} FROM {view}"
+    assert normalised(foreign.df(select)) == normalised(duck_foreign.execute(select.replace("`", '"')).df())
+
+
+def test_a_second_pass_finds_nothing_and_a_lost_watermark_duplicates_nothing(foreign: ClickHouseConnection) -> None:
+    assert derive_once(foreign, wait_s=0).traces == 0 and underived(foreign) == 0
+    before = A.report(foreign)
+    spans = int(foreign.df("SELECT count() AS n FROM spans")["n"][0])
+    # a worker killed after writing the spans, before recording their traces: all derived again
+    foreign.command(f"TRUNCATE TABLE {foreign.database}.treellm_traces")
+    assert underived(foreign) > 0
+    again = run_derive(foreign, wait_s=0, once=True)
+    assert sum(p.traces for p in again) > 0
+    assert int(foreign.df("SELECT count() AS n FROM spans")["n"][0]) == spans
+    assert A.report(foreign) == before
+
+
+def test_a_late_root_derives_its_trace_again(connect: Connect, duck_samples: Any) -> None:
+    ch = connect("late", None)
+    rows = [row for path in SAMPLES for row in file_rows(path)]
+    roots = [r for r in rows if not r["ParentSpanId"]]
+    insert(ch, [r for r in rows if r["ParentSpanId"]])
+    first = derive_once(ch, wait_s=0)
+    assert first.traces == len({r["TraceId"] for r in rows}) and first.spans == len(rows) - len(roots)
+    insert(ch, roots)  # the roots end last: their export batch comes after their children's
+    assert underived(ch) == len({r["TraceId"] for r in roots})
+    second = derive_once(ch, wait_s=0)
+    assert second.traces == len({r["TraceId"] for r in roots}) and second.spans == len(rows)
+    assert A.report(ch) == A.report(duck_samples)
+    assert A.tune(ch) == A.tune(duck_samples)
+
+
+def _derived_spans(ch: ClickHouseConnection) -> list[bytes]:
+    """Every derived span row but its version, as JSON lines (chDB's DataFrames cannot hold an
+    array of maps)."""
+    rows = ch.export_rows(f"SELECT * EXCEPT (version) FROM {ch.database}.treellm_spans FINAL")
+    return sorted(rows.splitlines())
+
+
+def test_two_shards_give_the_tables_of_one_pass(connect: Connect, duck_samples: Any) -> None:
+    one = connect("shards", "treellm_one")
+    split = connect("shards", "treellm_split")
+    insert(one, [row for path in SAMPLES for row in file_rows(path)])
+    run_derive(one, wait_s=0, once=True)
+    parts = [run_derive(split, shard=parse_shard(s), wait_s=0, once=True, batch_spans=1000) for s in ("0/2", "1/2")]
+    assert all(sum(p.traces for p in passes) > 0 for passes in parts)  # each shard had its share
+    assert len(parts[0]) > 1  # a small batch: several passes, whole traces each
+    assert _derived_spans(split) == _derived_spans(one)
+    traces = split.df("SELECT shard, count() AS n FROM treellm_traces FINAL GROUP BY shard ORDER BY shard")
+    assert list(traces["shard"]) == ["0/2", "1/2"]
+    assert A.report(split) == A.report(duck_samples)
+
+
+def test_a_trace_waits_for_its_quiet_window_and_retried_rows_count_once(connect: Connect) -> None:
+    ch = connect("quiet", None)
+    rows = file_rows(SAMPLES[0])
+    insert(ch, rows)
+    insert(ch, rows[:50])  # an exporter's retry writes the same spans again
+    last = max(int(pd.Timestamp(r["Timestamp"]).value) + int(r["Duration"]) for r in rows)  # the newest span's end, ns
+    early = derive_once(ch, wait_s=60, now_ns=last + 30 * 10**9)
+    assert early.traces == 0 and early.waiting > 0 and early.lag_s > 0
+    late = derive_once(ch, wait_s=60, now_ns=last + 61 * 10**9)
+    assert late.traces == len({r["TraceId"] for r in rows}) and late.spans == len(rows)
+    assert late.waiting == 0 and late.lag_s == 0
+    assert int(ch.df("SELECT count() AS n FROM spans")["n"][0]) == len(rows)
+
+
+def test_the_derive_command_and_the_reports_warning(
+    folder: Path, connect: Connect, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"chdb:{folder / 'chdb'}"
+    options = ["--clickhouse", url, "--clickhouse-table", "cli.otel_traces", "--clickhouse-database", "treellm_cli"]
+    insert(connect("cli", None), file_rows(SAMPLES[0]))
+    capsys.readouterr()
+    assert main(["report", *options, "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["runs"] == 0 and "not derived yet" in err and "treellm derive" in err
+    assert main(["derive", *options, "--once", "--wait", "0", "--json"]) == 0
+    passes = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert passes[0]["traces"] > 0 and passes[0]["shard"] == "0/1" and passes[-1]["due"] == 0
+    assert main(["report", *options, "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["runs"] > 0 and "not derived" not in err
+
+
+@pytest.mark.parametrize("text", ["2/2", "1", "a/b", "-1/2", "0/0", ""])
+def test_a_bad_shard_is_a_config_error(text: str) -> None:
+    with pytest.raises(ConfigError, match="expected a shard as INDEX/COUNT"):
+        parse_shard(text)
+    assert parse_shard("1/3") == Shard(1, 3) and str(Shard(1, 3)) == "1/3"
