@@ -6,9 +6,10 @@ Run: .venv/bin/python benchmarks/bench_clickhouse.py [--spans 1000000] [--keep /
 The spans are ``bench_analysis.py``'s store (the same simulated file, replicated, with
 ``--keep`` shared with it). ClickHouse gets the same OTLP/JSON lines as rows written the way
 the exporter writes them (``tests/clickhouse_rows.py``) into the exporter's exact DDL in a
-chDB folder; treellm's views derive every column inside ClickHouse. Each function: the
-median of ``--repeats`` calls after one warm-up on each engine, and the ratio chDB / DuckDB
-measured in the same run. ``totals`` and ``report`` are checked equal on both.
+chDB folder; then one ``treellm derive`` worker derives them into treellm's tables
+(``treellm_spans``, ``treellm_traces``), timed: its throughput in spans/s per worker. Each
+function: the median of ``--repeats`` calls after one warm-up on each engine, and the ratio
+chDB / DuckDB measured in the same run. ``totals`` and ``report`` are checked equal on both.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from clickhouse_rows import exporter_rows, insert_sql  # noqa: E402
 from treellm import analysis  # noqa: E402
 from treellm.store import open_store  # noqa: E402
 from treellm.store.clickhouse import ClickHouseConnection, open_clickhouse  # noqa: E402
+from treellm.store.clickhouse_derive import run_derive, underived  # noqa: E402
 
 BATCH = 50_000
 
@@ -49,10 +51,10 @@ def load_clickhouse(big: Path, ch: ClickHouseConnection, spans: int) -> None:
         for line in handle:
             rows.extend(exporter_rows(json.loads(line)))
             if len(rows) >= BATCH:
-                ch.command(insert_sql(rows))
+                ch.command(insert_sql(rows, ch.table))
                 rows.clear()
     if rows:
-        ch.command(insert_sql(rows))
+        ch.command(insert_sql(rows, ch.table))
     ch.command(f"OPTIMIZE TABLE {ch.table} FINAL")
     size = ch.df("SELECT sum(bytes_on_disk) AS b FROM system.parts WHERE table = 'otel_traces' AND active")["b"][0]
     print(f"wrote {spans:,} exporter rows into otel_traces in {time.perf_counter() - t0:.1f} s "
@@ -76,6 +78,15 @@ def main() -> None:
         try:
             spans = duck.execute("SELECT count(*) FROM spans").fetchone()[0]  # type: ignore[index]
             load_clickhouse(big, ch, spans)
+            if underived(ch):
+                t0 = time.perf_counter()
+                passes = run_derive(ch, wait_s=0, once=True)
+                took = time.perf_counter() - t0
+                derived = sum(p.spans for p in passes)
+                print(f"treellm derive (one worker, {len(passes)} pass(es)): {derived:,} spans in {took:.1f} s, "
+                      f"{derived / took:,.0f} spans/s")  # fmt: skip
+            else:
+                print("reused treellm's derived tables")
             print(f"\n{spans:,} spans; DuckDB {duckdb.__version__}, chDB {chdb.__version__}")
             print(f"median of {args.repeats} after one warm-up, default filters")
             print(f"{'function':26} {'result':>12} {'DuckDB s':>9} {'chDB s':>9} {'chDB/DuckDB':>12}")

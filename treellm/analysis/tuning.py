@@ -21,7 +21,7 @@ import pandas as pd
 import tomli_w
 
 from treellm.analysis.filters import Filters
-from treellm.analysis.metrics import CALLS_SQL, CLICKHOUSE_SETTINGS, REPEATS_SQL_CLICKHOUSE, repeat_samples
+from treellm.analysis.metrics import CALLS_SQL, CLICKHOUSE_SETTINGS, repeat_samples
 from treellm.shell import DEFAULT_SHELL_TOOLS
 from treellm.store.engine import DuckDBConnection, StoreConnection, as_connection
 
@@ -162,7 +162,7 @@ def _intervening_tools(con: StoreConnection, samples: pd.DataFrame) -> pd.Series
     )
     engine = as_connection(con)
     if not isinstance(engine, DuckDBConnection):
-        found = _intervening_tools_sql(engine, sorted(set(keys["run_id"])))
+        found = _intervening_tools_sql(engine, keys)
     else:
         found = _intervening_tools_duckdb(engine, keys)
     lookup = {(r, n): set(t) for r, n, t in found.itertuples(index=False)}
@@ -170,23 +170,37 @@ def _intervening_tools(con: StoreConnection, samples: pd.DataFrame) -> pd.Series
                      index=samples.index)  # fmt: skip
 
 
-def _intervening_tools_sql(engine: StoreConnection, run_ids: list[str]) -> pd.DataFrame:
-    """ClickHouse: the repeats' keys are judged again in SQL for the runs at hand (no
-    registered DataFrame): the same rows as the DuckDB query for those keys."""
-    reps = REPEATS_SQL_CLICKHOUSE.format(where="has(?, c.run_id)")
+_NO_SIGNATURE = "\x00none"  # a NULL signature inside a parameter array of text
+
+
+def _intervening_tools_sql(engine: StoreConnection, keys: pd.DataFrame) -> pd.DataFrame:
+    """ClickHouse: the repeats' keys arrive as typed array parameters (no registered DataFrame),
+    zipped into rows in SQL: the same rows as the DuckDB query for those keys."""
+    if keys.empty:
+        return pd.DataFrame({"run_id": [], "node_id": [], "tools": []})
+    params = [
+        [str(v) for v in keys["run_id"]], [str(v) for v in keys["node_id"]], [str(v) for v in keys["last_earlier"]],
+        [str(int(v)) for v in keys["start_ns"]],
+        [_NO_SIGNATURE if pd.isna(v) else str(v) for v in keys["signature"]],
+    ]  # fmt: skip
     return as_connection(engine).df(
         f"""
-        WITH calls AS ({CALLS_SQL})
+        WITH calls AS ({CALLS_SQL}),
+        keys AS (
+            SELECT tupleElement(k, 1) AS run_id, tupleElement(k, 2) AS node_id, tupleElement(k, 3) AS last_earlier,
+                toInt64(tupleElement(k, 4)) AS start_ns, nullIf(tupleElement(k, 5), '{_NO_SIGNATURE}') AS signature
+            FROM (SELECT arrayJoin(arrayZip(?, ?, ?, ?, ?)) AS k)
+        )
         SELECT k.run_id AS run_id, k.node_id AS node_id, groupUniqArray(c.tool) AS tools
-        FROM ({reps}) k
+        FROM keys k
         JOIN calls e ON e.run_id = k.run_id AND e.node_id = k.last_earlier
         JOIN calls c ON c.run_id = k.run_id
-        WHERE k.last_earlier IS NOT NULL AND c.start_ns > e.start_ns AND c.start_ns < k.start_ns
+        WHERE c.start_ns > e.start_ns AND c.start_ns < k.start_ns
           AND c.status = 'completed' AND NOT isNotDistinctFrom(c.signature, k.signature)
         GROUP BY k.run_id, k.node_id
         {CLICKHOUSE_SETTINGS}
         """,
-        [run_ids],
+        params,
     )
 
 
