@@ -20,8 +20,24 @@ sys.path.insert(0, str(ROOT / "tests"))
 from harness import framework_python  # noqa: E402
 from openai_server import Call, OpenAIServer, Turn  # noqa: E402
 
-TESTED = {"langgraph_guard.py", "agents_sdk_collect.py", "coding_agent_tune.py"}
-QUIET = {"LANGCHAIN_TRACING_V2": "false", "DO_NOT_TRACK": "1", "OPENAI_API_KEY": "sk-test", "PYTHONPATH": ""}
+TESTED = {
+    "langgraph_guard.py",
+    "smolagents_guard.py",
+    "pydantic_ai_guard.py",
+    "agents_sdk_collect.py",
+    "coding_agent_tune.py",
+}
+QUIET = {
+    "LANGCHAIN_TRACING_V2": "false",
+    "DO_NOT_TRACK": "1",
+    "HF_HUB_OFFLINE": "1",
+    "OPENAI_API_KEY": "sk-test",
+    "PYTHONPATH": "",
+}
+SEARCH = Turn(tool_calls=[Call("search", {"query": "refund policy"})])
+ANSWER = "Refunds are accepted within 30 days."
+RAN_ONCE = "search -> 3 articles match 'refund policy': Returns, Refunds, Shipping."
+NUDGED = "[treellm] search was already called once on this path with these exact arguments"
 
 
 def _run(python: Path | str, example: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -48,6 +64,34 @@ def test_the_langgraph_agent_with_the_guard_runs_the_repeated_search_once() -> N
     answers = [m["content"] for m in last if m["role"] == "tool"]
     assert len(answers) == 3 and answers[0].startswith("3 articles")
     assert all(a.startswith("[treellm] search was already called once") for a in answers[1:])
+
+
+def _assert_searched_once_and_nudged(lines: list[str]) -> None:
+    """The example's output: the first search ran, its two repeats got the guard's note."""
+    assert lines[0] == RAN_ONCE, lines
+    assert len(lines) == 5 and all(line.startswith(f"search -> {NUDGED}") for line in lines[1:3]), lines
+    assert lines[3:] == ["search ran 1 time(s)", f"answer: {ANSWER}"], lines
+
+
+def test_the_smolagents_agent_with_the_guard_runs_the_repeated_search_once() -> None:
+    final = Turn(tool_calls=[Call("final_answer", {"answer": ANSWER})])  # smolagents ends a run with a tool
+    with OpenAIServer([SEARCH, SEARCH, SEARCH, final], plain_json=True) as server:
+        done = _run(framework_python("smolagents"), "smolagents_guard.py", {"OPENAI_BASE_URL": server.base_url})
+    _assert_searched_once_and_nudged(done.stdout.splitlines())
+    # smolagents gives the model each observation as text: the repeats reached it as the guard's note
+    last = [part["text"] for m in server.requests[-1].body["messages"] for part in m["content"]]
+    observations = [text for text in last if text.startswith("Observation:")]
+    assert len(observations) == 3 and observations[0].startswith("Observation:\n3 articles"), observations
+    assert all(text.startswith(f"Observation:\n{NUDGED}") for text in observations[1:]), observations
+
+
+def test_the_pydantic_ai_agent_with_the_guard_runs_the_repeated_search_once() -> None:
+    with OpenAIServer([SEARCH, SEARCH, SEARCH, Turn(text=ANSWER)], plain_json=True) as server:
+        done = _run(framework_python("pydanticai"), "pydantic_ai_guard.py", {"OPENAI_BASE_URL": server.base_url})
+    _assert_searched_once_and_nudged(done.stdout.splitlines())
+    answers = [m["content"] for m in server.requests[-1].body["messages"] if m["role"] == "tool"]
+    assert len(answers) == 3 and answers[0].startswith("3 articles"), answers
+    assert all(a.startswith(NUDGED) for a in answers[1:]), answers
 
 
 def test_the_agents_sdk_agent_is_traced_into_collect(tmp_path: Path) -> None:
