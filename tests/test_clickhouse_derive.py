@@ -9,6 +9,9 @@ its own spans table and treellm database in it.
 from __future__ import annotations
 
 import json
+import threading
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +26,15 @@ from treellm.cli import main
 from treellm.errors import ConfigError
 from treellm.store import ingest, open_store
 from treellm.store.clickhouse import ClickHouseConnection, open_clickhouse
-from treellm.store.clickhouse_derive import Shard, derive_once, parse_shard, run_derive, underived
+from treellm.store.clickhouse_derive import (
+    DeriveHealth,
+    Shard,
+    derive_once,
+    parse_shard,
+    run_derive,
+    serve_health,
+    underived,
+)
 from treellm.store.formats import detect_format, iter_traces_data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -208,6 +219,9 @@ def test_the_derive_command_and_the_reports_warning(
     assert main(["report", *options, "--format", "json"]) == 0
     out, err = capsys.readouterr()
     assert json.loads(out)["runs"] > 0 and "not derived" not in err
+    for bad in ("nine", "host:99999"):
+        assert main(["derive", *options, "--once", "--health", bad]) == 1
+        assert "expected --health as [HOST:]PORT" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("text", ["2/2", "1", "a/b", "-1/2", "0/0", ""])
@@ -215,3 +229,46 @@ def test_a_bad_shard_is_a_config_error(text: str) -> None:
     with pytest.raises(ConfigError, match="expected a shard as INDEX/COUNT"):
         parse_shard(text)
     assert parse_shard("1/3") == Shard(1, 3) and str(Shard(1, 3)) == "1/3"
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_a_worker_serves_its_progress_on_health_and_stops_when_told(connect: Connect) -> None:
+    ch = connect("worker", None)
+    rows = file_rows(SAMPLES[0])
+    insert(ch, rows)
+    health = DeriveHealth(Shard())
+    server = serve_health(health)
+    url = f"http://127.0.0.1:{server.server_address[1]}/health"
+    stop = threading.Event()
+    slept = threading.Event()
+
+    def sleep(_: float) -> None:  # the worker found nothing due: let the test look, then stop it
+        slept.set()
+        stop.wait()
+
+    worker = threading.Thread(
+        target=run_derive,
+        args=(ch,),
+        kwargs={"wait_s": 0, "report": health.record, "stop": stop.is_set, "sleep": sleep},
+    )
+    try:
+        assert _get(url)["status"] == "starting"
+        worker.start()
+        assert slept.wait(timeout=120)  # a pass ran and the worker is idle
+        state = _get(url)
+        traces = len({r["TraceId"] for r in rows})
+        assert state["status"] == "ok" and state["traces"] == traces and state["spans"] == len(rows)
+        assert state["due"] == 0 and state["shard"] == "0/1" and state["passes"] >= 1
+        with pytest.raises(urllib.error.HTTPError, match="404") as refused:
+            _get(url.replace("/health", "/other"))
+        refused.value.close()
+    finally:
+        stop.set()
+        worker.join(timeout=120)
+        server.shutdown()
+        server.server_close()
+    assert not worker.is_alive()

@@ -436,14 +436,22 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 def _cmd_derive(args: argparse.Namespace) -> int:
     from treellm.store.clickhouse import open_clickhouse
-    from treellm.store.clickhouse_derive import DeriveReport, parse_shard, run_derive
+    from treellm.store.clickhouse_derive import DeriveHealth, DeriveReport, parse_shard, run_derive, serve_health
 
     shard = parse_shard(args.shard)
     if args.wait < 0 or args.interval < 0:
         raise ConfigError(f"expected --wait and --interval of 0 seconds or more, got {args.wait} and {args.interval}")
+    health = DeriveHealth(shard)
+    address: tuple[str, int] | None = None
+    if args.health:
+        host, _, port = args.health.rpartition(":")
+        if not port.isdigit() or int(port) > 65535:
+            raise ConfigError(f"expected --health as [HOST:]PORT, such as 9464 or 0.0.0.0:9464, got {args.health!r}")
+        address = (host or "127.0.0.1", int(port))
     ch = open_clickhouse(args.clickhouse, table=args.clickhouse_table, database=args.clickhouse_database)
 
     def show(done: DeriveReport) -> None:
+        health.record(done)
         if args.json:
             payload = {k: getattr(done, k) for k in done.__slots__ if k != "bad_records"}
             _print_json({**payload, "bad_records": len(done.bad_records)})
@@ -453,11 +461,22 @@ def _cmd_derive(args: argparse.Namespace) -> int:
         for bad in done.bad_records[:20]:
             print(f"treellm: skipped a bad span: {bad.reason}", file=sys.stderr)
 
+    server = None
     try:
+        if address is not None:
+            try:
+                server = serve_health(health, *address)
+            except OSError as exc:
+                raise ConfigError(f"cannot serve /health on {args.health}: {exc.strerror or exc}") from None
+            where = f"http://{address[0]}:{server.server_address[1]}/health"
+            print(f"treellm: derive health on {where}", file=sys.stderr, flush=True)
         run_derive(ch, shard=shard, wait_s=args.wait, once=args.once, interval_s=args.interval, report=show)
     except KeyboardInterrupt:
         return 130
     finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
         ch.close()
     return 0
 
@@ -802,6 +821,10 @@ def _add_data_commands(sub: Any) -> None:
     derive.add_argument(
         "--interval", type=float, default=2.0, metavar="SECONDS",
         help="how long a worker sleeps when nothing is due (default %(default)s)",
+    )  # fmt: skip
+    derive.add_argument(
+        "--health", metavar="[HOST:]PORT",
+        help="serve GET /health (totals, what is due, the lag) on HOST (default 127.0.0.1) and PORT while it runs",
     )  # fmt: skip
     derive.add_argument("--json", action="store_true", help="print one JSON object per pass")
     derive.set_defaults(func=_cmd_derive)

@@ -33,10 +33,13 @@ are built by DuckDB (``to_json``), never span by span in Python.
 
 from __future__ import annotations
 
+import json
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Final
 
@@ -48,8 +51,8 @@ from treellm.store.clickhouse_views import DERIVED_SPANS, DERIVED_TRACES
 from treellm.store.ingest import BadRecord, ingest
 
 __all__ = [
-    "DeriveReport", "Shard", "derive_once", "derive_rows_sql", "otlp_lines_sql", "parse_shard", "record_traces",
-    "run_derive", "timestamp_sql", "underived", "write_derived",
+    "DeriveHealth", "DeriveReport", "Shard", "derive_once", "derive_rows_sql", "otlp_lines_sql", "parse_shard",
+    "record_traces", "run_derive", "serve_health", "timestamp_sql", "underived", "write_derived",
 ]  # fmt: skip
 
 BATCH_SPANS: Final = 100_000
@@ -349,3 +352,54 @@ def run_derive(
             break
         sleep(interval_s)
     return passes
+
+
+class DeriveHealth:
+    """What a derive worker has done, for its ``/health`` endpoint: updated by each pass
+    (:meth:`record`, the ``report`` callback of :func:`run_derive`), read by the server thread."""
+
+    def __init__(self, shard: Shard) -> None:
+        self._lock = threading.Lock()
+        self._state: dict[str, object] = {
+            "status": "starting", "shard": str(shard), "passes": 0, "traces": 0, "spans": 0, "runs": 0,
+            "bad_records": 0, "due": 0, "waiting": 0, "lag_s": 0.0, "last_pass_ns": None,
+        }  # fmt: skip
+
+    def record(self, done: DeriveReport) -> None:
+        with self._lock:
+            s = self._state
+            s.update(status="ok", due=done.due, waiting=done.waiting, lag_s=round(done.lag_s, 3))
+            s["last_pass_ns"] = time.time_ns()
+            for key, value in (("passes", 1), ("traces", done.traces), ("spans", done.spans), ("runs", done.runs),
+                               ("bad_records", len(done.bad_records))):  # fmt: skip
+                s[key] = int(s[key]) + value  # type: ignore[call-overload]
+
+    def snapshot(self) -> dict[str, object]:
+        with self._lock:
+            return dict(self._state)
+
+
+def serve_health(health: DeriveHealth, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+    """Serve ``GET /health`` (the worker's totals, its lag and what is due, as JSON) on a daemon
+    thread; returns the server (``server_address`` holds the bound port; ``shutdown()`` then
+    ``server_close()`` stop it)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?", 1)[0] != "/health":
+                self.send_error(404, "only /health is served here")
+                return
+            body = json.dumps(health.snapshot()).encode("utf-8")
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            return  # the worker's own line per pass is its log
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="treellm-derive-health", daemon=True).start()
+    return server
