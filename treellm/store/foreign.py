@@ -39,7 +39,8 @@ import ast
 import functools
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import duckdb
@@ -52,7 +53,7 @@ from treellm.engine import repeats
 from treellm.engine.tools import result_hash
 from treellm.loop import CallKey, Paths
 from treellm.signature import RawArguments, canonical_json, hash_text, parse_arguments, signature
-from treellm.store.trees import SpanFacts, place_traces
+from treellm.store.trees import Placement, SpanFacts, place_traces
 from treellm.telemetry import conventions
 
 __all__ = ["DEFAULT_INTERNAL", "finish_foreign", "internal_tools"]
@@ -172,6 +173,18 @@ _BOOLEAN = frozenset({"internal", "failed", "orphan"})
 _INTEGER = frozenset({"node_depth", "ordinal"})
 
 
+@contextmanager
+def _registered(con: duckdb.DuckDBPyConnection, **frames: pd.DataFrame) -> Iterator[None]:
+    """The frames registered under their names for the block. Not unregistered when the block
+    raises: after a DuckDB error the transaction is aborted, and unregistering would hide that
+    error behind "Current transaction is aborted" (a later registration replaces the name)."""
+    for name, frame in frames.items():
+        con.register(name, frame)
+    yield
+    for name in frames:
+        con.unregister(name)
+
+
 def _frame(columns: dict[str, Any]) -> pd.DataFrame:
     """A frame for DuckDB to scan, typed explicitly (no inference over Python objects): lists
     become text, nullable booleans or nullable integers by name; arrays stay as they are."""
@@ -256,9 +269,7 @@ def _read_foreign(con: duckdb.DuckDBPyConnection, internal: frozenset[str]) -> b
         {"kind": np.arange(len(reader.kinds), dtype=np.int64)}
         | {name: list(answers[i]) for i, name in enumerate(_KIND_COLUMNS)}
     )
-    con.register("foreign_by_span", by_span)
-    con.register("foreign_kinds", described)
-    try:
+    with _registered(con, foreign_by_span=by_span, foreign_kinds=described):
         con.execute(
             "UPDATE spans SET convention = u.convention, operation = u.operation, tool_name = u.tool_name, "
             "tool_call_id = u.tool_call_id, arguments = u.arguments, result = u.result, signature = u.signature, "
@@ -269,9 +280,6 @@ def _read_foreign(con: duckdb.DuckDBPyConnection, internal: frozenset[str]) -> b
             "      JOIN foreign_kinds k USING (kind)) u "
             "WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id"
         )
-    finally:
-        con.unregister("foreign_by_span")
-        con.unregister("foreign_kinds")
     return True
 
 
@@ -314,14 +322,11 @@ def _keyed_from_parents(con: duckdb.DuckDBPyConnection, spans: dict[str, list[An
             "tool": [spans["tool_name"][i] for i in bare],
         }
     )
-    con.register("bare_calls", frame)
-    try:
+    with _registered(con, bare_calls=frame):
         found_parents = con.execute(
             "SELECT b.i, b.tool, map_keys(p.attributes), map_values(p.attributes) FROM bare_calls b "
             "JOIN spans p ON p.trace_id = b.trace_id AND p.span_id = b.parent_id"
         ).fetchall()
-    finally:
-        con.unregister("bare_calls")
     found: dict[int, tuple[str, str | None, str]] = {}
     for i, tool, keys, values in found_parents:
         call = conventions.parent_call(dict(zip(keys or (), values or (), strict=True)), tool)
@@ -338,15 +343,12 @@ def _keyed_from_parents(con: duckdb.DuckDBPyConnection, spans: dict[str, list[An
             "signature": [g for _, _, g in found.values()],
         }
     )
-    con.register("keyed_calls", keyed)
-    try:
+    with _registered(con, keyed_calls=keyed):
         con.execute(
             "UPDATE spans SET arguments = u.arguments, tool_call_id = coalesce(spans.tool_call_id, u.tool_call_id), "
             "signature = u.signature FROM keyed_calls u "
             "WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id"
         )
-    finally:
-        con.unregister("keyed_calls")
     for i, (text, _, _) in found.items():
         arguments[i] = text
         digests[i] = None
@@ -401,16 +403,16 @@ def _span_facts(spans: dict[str, list[Any]]) -> tuple[list[SpanFacts], dict[tupl
     return out, stored
 
 
-def _place(con: duckdb.DuckDBPyConnection) -> None:
-    fetched = con.execute(_TRACE_SPANS).fetchnumpy()
-    spans = {name: fetched.pop(name).tolist() for name in list(fetched)}
-    _keyed_from_parents(con, spans)
-    facts, stored = _span_facts(spans)
-    del spans
-    placed = place_traces(facts)  # the spans of other frameworks among them are updated (the WHERE below)
-    del facts
-    keys = [stored.get((p.trace_id, p.span_id)) for p in placed]
-    del stored
+_UPDATE_ROWS = 100_000
+_UPDATE_EARLIER_IDS = 2_000_000
+"""The placement's answer goes back in updates of at most this many rows, or this many earlier ids
+(a call repeated k times has k²/2 of them over the run): Python never holds more of it at once."""
+
+
+def _update_runs(
+    con: duckdb.DuckDBPyConnection, placed: Sequence[Placement], keys: Sequence[_StoredKey | None]
+) -> None:
+    """Write one batch of the placement's answer (see :func:`_place`)."""
     frame = _frame(
         {
             "trace_id": [p.trace_id for p in placed],
@@ -427,9 +429,7 @@ def _place(con: duckdb.DuckDBPyConnection) -> None:
             "call_targets": [None if k is None else k[1] for k in keys],
         }
     )
-    del placed, keys
-    con.register("run_updates", frame)
-    try:
+    with _registered(con, run_updates=frame):
         con.execute(
             "UPDATE spans SET run_id = u.run_id, node_kind = u.node_kind, node_parent_id = u.node_parent_id, "
             "node_depth = u.node_depth, ordinal = u.ordinal, earlier_node_ids = u.earlier_node_ids, "
@@ -439,15 +439,30 @@ def _place(con: duckdb.DuckDBPyConnection) -> None:
             "FROM run_updates u WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id "
             "AND spans.convention IS NOT NULL"
         )
-    finally:
-        con.unregister("run_updates")
+
+
+def _place(con: duckdb.DuckDBPyConnection) -> None:
+    fetched = con.execute(_TRACE_SPANS).fetchnumpy()
+    spans = {name: fetched.pop(name).tolist() for name in list(fetched)}
+    _keyed_from_parents(con, spans)
+    facts, stored = _span_facts(spans)
+    del spans
+    placed = place_traces(facts)  # the spans of other frameworks among them are updated (the WHERE below)
+    del facts
+    start = earlier = 0
+    for index, p in enumerate(placed):
+        earlier += len(p.earlier)
+        if index + 1 - start >= _UPDATE_ROWS or earlier >= _UPDATE_EARLIER_IDS or index + 1 == len(placed):
+            batch = placed[start : index + 1]
+            _update_runs(con, batch, [stored.get((p.trace_id, p.span_id)) for p in batch])
+            start, earlier = index + 1, 0
 
 
 def finish_foreign(con: duckdb.DuckDBPyConnection, internal: frozenset[str] | None = None) -> None:
     """Conventions, runs, trees and ordinals for the new spans (``fresh``) of other frameworks
     (see the module docstring); ``internal`` defaults to :func:`internal_tools`."""
-    try:
-        if _read_foreign(con, internal_tools() if internal is None else internal):
-            _place(con)
-    finally:
-        con.execute("DROP TABLE IF EXISTS foreign_in")
+    if _read_foreign(con, internal_tools() if internal is None else internal):
+        _place(con)
+    # Not in a ``finally``: after a DuckDB error the transaction is aborted, a statement here would
+    # hide that error behind "Current transaction is aborted", and the rollback drops the table.
+    con.execute("DROP TABLE IF EXISTS foreign_in")

@@ -51,7 +51,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -750,15 +750,7 @@ def ingest_file(
             jsonl, skipped, bad = _canonical_copy(source, folder, keep_bad=skip_bad, display=display)
         else:
             jsonl = folder / "converted.jsonl"
-            with jsonl.open("wb") as out:
-                for record in iter_records(source, fmt):
-                    if isinstance(record, IngestError):
-                        if not skip_bad:
-                            raise record
-                        bad.append(BadRecord(display, record.line, record.record, record.reason))
-                    else:
-                        out.write(json_line(record.traces_data))
-                        warnings.extend(f"{display}: {w}" for w in record.warnings)
+            bad, warnings = _convert(source, fmt, jsonl, skip_bad=skip_bad, display=display)
         if jsonl.stat().st_size == 0:
             empty = not bad and not skipped
             return FileReport(display, fmt, 0, 0, 0, skipped, empty=empty, bad=tuple(bad), warnings=tuple(warnings))
@@ -772,6 +764,53 @@ def ingest_file(
     return FileReport(
         display, fmt, spans, runs, duplicates, skipped, bad=tuple(bad), warnings=tuple(warnings), accounting=accounting
     )
+
+
+LINE_SPANS = 1000
+"""A converted record with more spans than this is written as several OTLP lines of at most this
+many spans each (the same spans, resource and scope): a long run (a trajectory of 20,000 calls is
+one trace) would otherwise be one line of tens of MB, which DuckDB parses whole, outside the
+pieces that bound its memory."""
+
+
+def split_traces_data(traces_data: Mapping[str, Any], limit: int = LINE_SPANS) -> Iterator[Mapping[str, Any]]:
+    """``traces_data`` as consecutive ``TracesData`` of at most ``limit`` spans each, every one with
+    its resource's and scope's fields (pure). A document of at most ``limit`` spans (none included)
+    is yielded as it is."""
+    resource_spans = traces_data.get("resourceSpans") or []
+    total = sum(len(ss.get("spans") or []) for rs in resource_spans for ss in rs.get("scopeSpans") or [])
+    if total <= limit:
+        yield traces_data
+        return
+    for rs in resource_spans:
+        resource = {k: v for k, v in rs.items() if k != "scopeSpans"}
+        for ss in rs.get("scopeSpans") or []:
+            scope = {k: v for k, v in ss.items() if k != "spans"}
+            spans = ss.get("spans") or []
+            for start in range(0, len(spans), limit):
+                part = {**scope, "spans": spans[start : start + limit]}
+                yield {"resourceSpans": [{**resource, "scopeSpans": [part]}]}
+
+
+def _convert(
+    source: Path, fmt: str, target: Path, *, skip_bad: bool, display: str
+) -> tuple[list[BadRecord], list[str]]:
+    """Write the records of ``source`` (a format other than OTLP JSON lines) to ``target`` as OTLP
+    JSON lines (a long record split, :func:`split_traces_data`); returns (bad records, warnings).
+    Its own function, so that no record outlives the conversion while the store loads the file."""
+    bad: list[BadRecord] = []
+    warnings: list[str] = []
+    with target.open("wb") as out:
+        for record in iter_records(source, fmt):
+            if isinstance(record, IngestError):
+                if not skip_bad:
+                    raise record
+                bad.append(BadRecord(display, record.line, record.record, record.reason))
+            else:
+                for part in split_traces_data(record.traces_data):
+                    out.write(json_line(part))
+                warnings.extend(f"{display}: {w}" for w in record.warnings)
+    return bad, warnings
 
 
 TRACE_SUFFIXES = frozenset({".jsonl", ".ndjson", ".json", ".pb", ".binpb", ".proto", ".otlp", ".traj"})

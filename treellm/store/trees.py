@@ -35,14 +35,15 @@ again when the root arrives (the caller recomputes whole traces).
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from itertools import islice
+from typing import Literal, overload
 
 from treellm.loop import CallKey, Paths, PathSignatures
 from treellm.telemetry.conventions import INVOCATION_ROLES
 
-__all__ = ["Placement", "SpanFacts", "place_trace", "place_traces"]
+__all__ = ["EarlierIds", "Placement", "SpanFacts", "place_trace", "place_traces"]
 
 NodeKind = Literal["think", "tool"]
 
@@ -69,6 +70,42 @@ class SpanFacts:
     writes: Paths = None
 
 
+class EarlierIds(Sequence[str]):
+    """The span ids of a call's earlier identical calls that count, oldest first: the ids
+    ``start:stop`` of the list of its key's calls on the path. The list is shared by every call
+    of the key and only appended to, so a run that repeats one call k times holds k ids, not the
+    k²/2 of a tuple per call; equal to any sequence of the same ids (a tuple among them)."""
+
+    __slots__ = ("_ids", "_start", "_stop")
+
+    def __init__(self, ids: list[str], start: int, stop: int) -> None:
+        self._ids, self._start, self._stop = ids, start, stop
+
+    def __len__(self) -> int:
+        return self._stop - self._start
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[str, ...]: ...
+    def __getitem__(self, index: int | slice) -> str | tuple[str, ...]:
+        return tuple(self)[index]
+
+    def __iter__(self) -> Iterator[str]:
+        return islice(self._ids, self._start, self._stop)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+
 @dataclass(frozen=True, slots=True)
 class Placement:
     trace_id: str
@@ -78,7 +115,8 @@ class Placement:
     node_parent_id: str | None
     depth: int | None
     ordinal: int | None
-    earlier: tuple[str, ...]
+    earlier: Sequence[str]
+    """The span ids of the earlier identical calls that count (an :class:`EarlierIds`, or ``()``)."""
     orphan: bool
     anchor: str | None = None
     """For a span that is not a node: the think node current on its run when it started
@@ -144,7 +182,7 @@ def _scope_of(chain: Sequence[SpanFacts], root: SpanFacts) -> str:
     return root.span_id
 
 
-_Node = tuple[NodeKind, str | None, int, int | None, tuple[str, ...]]
+_Node = tuple[NodeKind, str | None, int, int | None, Sequence[str]]
 
 
 def _place_path(members: Sequence[SpanFacts], base_parent: str | None) -> dict[str, _Node]:
@@ -153,6 +191,7 @@ def _place_path(members: Sequence[SpanFacts], base_parent: str | None) -> dict[s
     think: str | None = None
     depth = 0
     path = PathSignatures.empty()
+    calls: dict[CallKey, list[str]] = {}  # each key's span ids on the path, in order (what ``path`` holds)
     for span in sorted(members, key=_order):
         parent = think if think is not None else base_parent
         if span.role == "llm":
@@ -161,13 +200,17 @@ def _place_path(members: Sequence[SpanFacts], base_parent: str | None) -> dict[s
             think = span.span_id
             continue
         ordinal: int | None = None
-        before: tuple[str, ...] = ()
+        before: Sequence[str] = ()
         if span.call_key is not None:
-            before = tuple(i for i in path.earlier(span.call_key) if i is not None)
-            ordinal = len(before) + 1
+            # path.earlier(key) is the last path.count(key) of the key's ids: a view, never a copy
+            count = path.count(span.call_key)
+            ids = calls.setdefault(span.call_key, [])
+            before = EarlierIds(ids, len(ids) - count, len(ids)) if count else ()
+            ordinal = count + 1
             path = path.extend(
                 span.call_key, span.span_id, mutates=span.changes_state, reads=span.reads, writes=span.writes
             )
+            ids.append(span.span_id)
         placed[span.span_id] = ("tool", parent, depth if think is not None else 0, ordinal, before)
     return placed
 

@@ -1,0 +1,160 @@
+"""Peak memory of ``treellm ingest`` against the calls of one chat trajectory (and an OTLP file).
+
+Run: .venv/bin/python benchmarks/bench_ingest_memory.py [--calls 2000 6000 20000] [--otlp-spans 0] [--keep DIR]
+
+One mini-swe-agent-shaped trajectory file per size (``{info, messages, trajectory_format}``,
+OpenAI ``tool_calls`` of the tool ``bash``, each answered by a ``role: tool`` message; about
+1.3 KB a call, so 20,000 calls are ~27 MB) in two shapes: ``mixed`` (reads, edits with ``sed -i``,
+test runs, some identical re-reads, as an agent's long run has them) and ``looping`` (an
+agent stuck cycling through the same 20 reads, nothing written between: every call repeats,
+and each call's earlier identical calls, which the placement records, grow with the run).
+Each file is ingested by the whole ``treellm ingest`` command in a child process at the
+default ``TREELLM_INGEST_MEMORY_LIMIT``; its peak RSS is ``VmHWM`` from ``/proc/<pid>/status``
+(polled; it only grows). The table prints the peak against the calls, and the ratio of each
+row's peak (and calls) to the first row of its shape: memory that grows sublinearly in the
+calls has a peak ratio well below the calls ratio.
+
+``--otlp-spans N`` adds a row for a batched OTLP JSONL file of N spans (the Collector's file
+exporter shape, as ``bench_ingest_batched.py`` writes it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FILES = [f"src/pkg/module_{i}.py" for i in range(300)]
+
+
+def _command(rng: random.Random, k: int) -> tuple[str, str]:
+    """(a bash command, its output) as a coding agent's long run has them."""
+    roll = rng.random()
+    path = rng.choice(FILES)
+    if roll < 0.08:
+        return f"sed -i 's/old_{k}/new_{k}/' {path}", ""
+    if roll < 0.14:
+        return "python -m pytest -x -q tests/", f"<returncode>1</returncode>\n<output>FAILED test_{k % 40}\n</output>"
+    if roll < 0.30:
+        return "ls -la src/pkg", "<returncode>0</returncode>\n<output>" + "module.py\n" * 40 + "</output>"
+    if roll < 0.60:
+        start = rng.randrange(1, 400)
+        lines = "".join(f"{n}\tline {n} of {path}\n" for n in range(start, start + 12))
+        return f"sed -n '{start},{start + 11}p' {path}", f"<returncode>0</returncode>\n<output>{lines}</output>"
+    if roll < 0.80:
+        found = f"<returncode>0</returncode>\n<output>{path}:12: def\n</output>"
+        return f"grep -rn 'def handler_{rng.randrange(60)}' src/", found
+    body = "".join(f"line {n}: {'x' * 40}\n" for n in range(20))
+    return f"cat {path}", f"<returncode>0</returncode>\n<output>{body}</output>"
+
+
+def _looping(rng: random.Random, k: int) -> tuple[str, str]:
+    """An agent stuck in a loop: the same 20 reads again and again, nothing written between."""
+    path = FILES[k % 20]
+    body = "".join(f"line {n}: {'x' * 40}\n" for n in range(20))
+    return f"cat {path}", f"<returncode>0</returncode>\n<output>{body}</output>"
+
+
+def generate_trajectory(path: Path, calls: int, *, looping: bool = False, seed: int = 7) -> None:
+    """One run of ``calls`` bash calls in mini-swe-agent's tool-call trajectory shape."""
+    rng = random.Random(seed)
+    shape = _looping if looping else _command
+    messages: list[dict[str, object]] = [
+        {"role": "system", "content": "You are a helpful assistant that can interact with a computer shell."},
+        {"role": "user", "content": "<pr_description>Fix the handler.</pr_description>"},
+    ]
+    for k in range(calls):
+        command, output = shape(rng, k)
+        call_id = f"call_{k:06d}_{rng.getrandbits(40):010x}"
+        messages.append(
+            {
+                "role": "assistant",
+                "content": f"Step {k}: let me look at this next. " + "t" * rng.randrange(200, 900),
+                "tool_calls": [
+                    {"index": 0, "id": call_id, "type": "function",
+                     "function": {"name": "bash", "arguments": json.dumps({"command": command})}}
+                ],
+            }
+        )  # fmt: skip
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
+    doc = {"info": {"exit_status": "Submitted", "mini_version": "1.14"}, "messages": messages,
+           "trajectory_format": "mini-swe-agent-1", "instance_id": f"bench__{calls}"}  # fmt: skip
+    path.write_text(json.dumps(doc), encoding="utf-8")
+
+
+def ingest_peak(path: Path, db: Path) -> tuple[float, float, float, str]:
+    """(seconds, peak RSS MB from VmHWM, ru_maxrss MB of the child, error) of ``treellm ingest``."""
+    for stale in db.parent.glob(db.name + "*"):
+        stale.unlink()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    t0 = time.perf_counter()
+    with subprocess.Popen(
+        [sys.executable, "-m", "treellm", "ingest", str(path), "--db", str(db), "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    ) as child:  # fmt: skip
+        peak_kb = 0
+        status = Path(f"/proc/{child.pid}/status")
+        while child.poll() is None:
+            try:
+                for line in status.read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        peak_kb = max(peak_kb, int(line.split()[1]))
+            except OSError:
+                break
+            time.sleep(0.05)
+        _, err = child.communicate()
+    elapsed = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest child so far
+    error = "" if child.returncode == 0 else err.strip().splitlines()[-1][:120]
+    return elapsed, peak_kb / 1024, max(after, before) / 1024, error
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, nargs="+", default=[2000, 6000, 20000])
+    parser.add_argument("--otlp-spans", type=int, default=0, help="add a batched OTLP JSONL file of N spans")
+    parser.add_argument("--keep", help="folder to keep the generated files in (reused when present)")
+    args = parser.parse_args()
+    print(f"uptime: {os.popen('uptime').read().strip()}")
+    with tempfile.TemporaryDirectory(prefix="treellm-bench-mem-") as tmp:
+        folder = Path(args.keep or tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        rows = []
+        for looping in (False, True):
+            for calls in args.calls:
+                shape = "looping" if looping else "mixed"
+                data = folder / f"trajectory-{shape}-{calls}.traj.json"
+                if not data.exists():
+                    generate_trajectory(data, calls, looping=looping)
+                seconds, peak, maxrss, error = ingest_peak(data, folder / "mem.duckdb")
+                rows.append((f"trajectory {shape}, {calls:,} calls", calls, data.stat().st_size / 1e6,
+                             seconds, peak, maxrss, error))  # fmt: skip
+        if args.otlp_spans:
+            sys.path.insert(0, str(Path(__file__).parent))
+            from bench_ingest_batched import generate
+
+            data = folder / f"batched-{args.otlp_spans}.jsonl"
+            if not data.exists():
+                generate(data, args.otlp_spans)
+            seconds, peak, maxrss, error = ingest_peak(data, folder / "mem.duckdb")
+            rows.append((f"OTLP batched, {args.otlp_spans:,} spans", args.otlp_spans, data.stat().st_size / 1e6,
+                         seconds, peak, maxrss, error))  # fmt: skip
+    print(f"{'file':34} {'MB':>6} {'seconds':>8} {'peak RSS MB':>12} {'x calls':>8} {'x peak':>7}  error")
+    for index, (label, n, size, seconds, peak, _maxrss, error) in enumerate(rows):
+        if index == 0 or rows[index - 1][0].split(",")[0] != label.split(",")[0]:
+            first_calls, first_peak = n, peak  # ratios to the first row of each shape
+        ratios = f"{n / first_calls:8.1f} {peak / first_peak:7.2f}"
+        print(f"{label:34} {size:6.1f} {seconds:8.1f} {peak:12,.0f} {ratios}  {error}")
+    print("peak RSS: VmHWM of the ingest command's process, default TREELLM_INGEST_MEMORY_LIMIT (1GB)")
+
+
+if __name__ == "__main__":
+    main()
