@@ -51,12 +51,15 @@ from treellm.store.clickhouse_views import DERIVED_SPANS, DERIVED_TRACES
 from treellm.store.ingest import BadRecord, ingest
 
 __all__ = [
-    "DeriveHealth", "DeriveReport", "Shard", "derive_once", "derive_rows_sql", "otlp_lines_sql", "parse_shard",
-    "record_traces", "run_derive", "serve_health", "timestamp_sql", "underived", "write_derived",
+    "MAX_TRACES", "DeriveHealth", "DeriveReport", "Shard", "derive_once", "derive_rows_sql", "otlp_lines_sql",
+    "parse_shard", "record_traces", "run_derive", "serve_health", "timestamp_sql", "underived", "write_derived",
 ]  # fmt: skip
 
 BATCH_SPANS: Final = 100_000
 """The most spans one pass reads (whole traces; a trace larger than this is read alone)."""
+MAX_TRACES: Final = 5000
+"""The most traces one pass reads: their ids travel as one array parameter (a server's HTTP
+query string holds it; ClickHouse caps a URI at 1 MiB by default)."""
 DEFAULT_WAIT_S: Final = 10.0
 _INSERT_ROWS: Final = 5000
 _LEGACY_PREFIX: Final = "treellm.derived."  # what ingest --clickhouse wrote into otel_traces before 0.x
@@ -285,8 +288,9 @@ def derive_once(
     batch_spans: int = BATCH_SPANS,
     now_ns: int | None = None,
 ) -> DeriveReport:
-    """One pass: derive the due traces of ``shard`` (at most ``batch_spans`` spans, whole traces)
-    into treellm's tables; ``now_ns`` (default the clock) decides which quiet windows have passed."""
+    """One pass: derive the due traces of ``shard`` (at most ``batch_spans`` spans of whole traces,
+    at most :data:`MAX_TRACES` traces) into treellm's tables; ``now_ns`` (default the clock)
+    decides which quiet windows have passed."""
     now = time.time_ns() if now_ns is None else now_ns
     version = time.time_ns()
     due = ch.df(_due_sql(ch.table, ch.database), [shard.count, shard.index])
@@ -295,7 +299,7 @@ def derive_once(
     chosen: dict[str, tuple[int, int]] = {}
     total = 0
     for trace, spans, last in zip(ready["trace_id"], ready["spans"], ready["last_ns"], strict=True):
-        if chosen and total + int(spans) > batch_spans:
+        if chosen and (total + int(spans) > batch_spans or len(chosen) >= MAX_TRACES):
             break
         chosen[str(trace)] = (int(spans), int(last))
         total += int(spans)
