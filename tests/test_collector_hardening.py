@@ -27,21 +27,23 @@ from test_collector import PROTOBUF, ROOT, count_spans, ids, pb_request, query, 
 
 from treellm.collector import Collector, CollectorConfig
 from treellm.collector.command import add_arguments
+from treellm.collector.connections import connection_cap
 from treellm.collector.decode import decode_protobuf, decompress
 from treellm.collector.errors import PayloadTooLarge
 from treellm.collector.flusher import Flusher, halve_traces_line
 from treellm.collector.journal import Journal
 from treellm.collector.protocol import bearer_matches
-from treellm.collector.server import connection_cap
 from treellm.errors import ConfigError, IngestError
 from treellm.store import FileReport, ingest_file
 
 # -- raw sockets -----------------------------------------------------------------------------------------
 
 
-def connect(url: str) -> socket.socket:
+def connect(url: str, peer: str | None = None) -> socket.socket:
+    """A connection to ``url`` (from the loopback address ``peer`` when given)."""
     address = httpx.URL(url)
-    return socket.create_connection((address.host, address.port), timeout=20)  # a generous bound, not a measure
+    source = None if peer is None else (peer, 0)
+    return socket.create_connection((address.host, address.port), timeout=20, source_address=source)  # a bound
 
 
 def read_until_closed(sock: socket.socket) -> bytes:
@@ -210,6 +212,7 @@ def test_at_the_cap_a_new_connection_closes_the_oldest_idle_one(tmp_path: Path) 
 
 def test_the_cap_is_lowered_to_the_descriptor_budget() -> None:
     assert connection_cap(256, None, 40, 32) == 256
+    assert connection_cap(None, 1024, 40, 32) == 1024 - 40 - 32
     assert connection_cap(256, 1024, 40, 32) == 256
     assert connection_cap(1000, 256, 40, 32) == 184
     assert connection_cap(1000, 48, 40, 32) < 1  # no room: the collector refuses to start
@@ -219,7 +222,7 @@ def test_the_cap_is_lowered_to_the_descriptor_budget() -> None:
 
 _LOW_FD_COLLECTOR = """
 import resource, sys
-resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[1])))  # soft and hard
 from treellm.collector.__main__ import main
 sys.exit(main(sys.argv[2:]))
 """
@@ -233,8 +236,9 @@ def low_fd_collector(tmp_path: Path, limit: int, *options: str) -> tuple[list[st
 
 
 def test_health_answers_with_more_half_open_connections_than_the_descriptor_limit_allows(tmp_path: Path) -> None:
-    """``ulimit -n 256`` and 300 connections that never send a byte: they cycle through the budget
-    (oldest closed first), and /health and a client that sends its request are served."""
+    """``ulimit -n 256`` (soft and hard) and 300 connections from 10 peers that never send a byte:
+    they cycle through the budget (oldest closed first), and /health and a client that sends its
+    request are served."""
     command, log = low_fd_collector(tmp_path, 256, "--header-timeout", "600", "--max-connections", "1000")
     with log.open("w") as stderr, subprocess.Popen(command, stderr=stderr, cwd=ROOT) as process:
         try:
@@ -245,12 +249,12 @@ def test_health_answers_with_more_half_open_connections_than_the_descriptor_limi
             cap = before["connection_cap"]
             assert 0 < cap < 256 - 32, before  # lowered to the budget: the limit less the open ones and the reserve
             with ExitStack() as flood:
-                sockets = [flood.enter_context(closing(connect(url))) for _ in range(300)]  # more than the budget
+                sockets = [flood.enter_context(closing(connect(url, f"127.0.0.{10 + n % 10}"))) for n in range(300)]
                 answer = httpx.get(health, timeout=20)  # a generous bound, not a measure
                 assert answer.status_code == 200
                 after = answer.json()
                 assert after["accept_errors"] == 0 and after["connections"] <= cap, after
-                assert after["evicted"] >= 300 - cap, after
+                assert after["evicted"] >= 300 - cap and after["peer_refused"] == 0, after
                 assert read_until_closed(sockets[0]) == b"", "the oldest idle connection was closed first"
                 body = pb_request(5).SerializeToString()
                 assert httpx.post(url, content=body, headers=PROTOBUF, timeout=20).status_code == 200

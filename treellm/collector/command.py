@@ -65,7 +65,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-connections",
         type=int,
         metavar="N",
-        help=f"open connections above N are answered 503 (default {DEFAULTS.max_connections})",
+        help="hold at most N connections open (default: as many as the file descriptor limit allows, less a "
+        "reserve); above it the oldest idle one is closed, or the new one answered 503",
+    )
+    add(
+        "--max-connections-per-peer",
+        type=int,
+        metavar="N",
+        help="hold at most N connections from one peer (an IPv4 address, an IPv6 /64); more are closed at once "
+        f"(default {DEFAULTS.max_connections_per_peer})",
     )
     add("-v", "--verbose", action="store_true", help="log starts, stops and replays")
 
@@ -95,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         header_timeout_s=args.header_timeout,
         body_timeout_s=args.body_timeout,
         max_connections=args.max_connections,
+        max_connections_per_peer=args.max_connections_per_peer,
     )
     return serve(
         db,

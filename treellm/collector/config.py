@@ -67,15 +67,21 @@ class CollectorConfig:
     - ``body_timeout_s``: the deadline on a request's whole body, from its headers to its
       last byte (not per chunk: a client trickling a byte at a time is cut off all the same);
       408 and the connection closed.
-    - ``max_connections``: the most connections held open. At the cap, a new connection
-      closes the oldest idle one (waiting for a request's headers, none under way) and is
-      served; when none is idle it is answered 503 with ``Retry-After`` (as soon as it sends
-      its headers) and closed, except that ``GET /health`` is answered all the same.
+    - ``max_connections``: the most connections held open (None: as many as the file
+      descriptors allow, see ``descriptor_reserve``; a number: that many at most). At the cap, a
+      new connection closes the oldest idle one (waiting for a request's headers, none under
+      way) and is served; when none is idle it is answered 503 with ``Retry-After`` (as soon as
+      it sends its headers) and closed, except that ``GET /health`` is answered all the same.
+    - ``max_connections_per_peer``: the most connections one peer (an IPv4 address, an IPv6
+      /64) holds open; one more is closed as soon as it is accepted, before anything is read,
+      so a peer holding its cap in half-sent requests never keeps the others or ``/health``
+      out. An SDK exports over one or a few connections, an OpenTelemetry Collector over about
+      ten; behind a proxy every client is the proxy's one peer.
     - ``descriptor_reserve``: file descriptors kept free for the collector's own files (the
-      journal, the store, DuckDB's) and for accepting new peers: at start the cap is lowered
-      to the descriptor limit (``RLIMIT_NOFILE``) minus the descriptors already open minus
-      this reserve, so a flood of half-open connections never leaves ``/health`` or a new
-      client without one.
+      journal, the store, DuckDB's) and for accepting new peers: at start the soft descriptor
+      limit (``RLIMIT_NOFILE``) is raised to the hard one, and the cap becomes that limit minus
+      the descriptors already open minus this reserve (``max_connections`` when lower), so a
+      flood of half-open connections never leaves ``/health`` or a new client without one.
     - ``decode_workers``: the processes that decode request bodies off the event loop (None: one
       per core the process may run on; 0: decode on threads, one core). Small bodies are
       decoded on the event loop all the same. The processes are spawned: a program that starts a
@@ -96,7 +102,8 @@ class CollectorConfig:
     journal_dir: Path | None = None
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
-    max_connections: int = 256
+    max_connections: int | None = None
+    max_connections_per_peer: int = 64
     descriptor_reserve: int = 32
     decode_workers: int | None = None
 
@@ -119,7 +126,9 @@ class CollectorConfig:
                 self.journal_dir)  # fmt: skip
         _positive_number("header_timeout_s", self.header_timeout_s)
         _positive_number("body_timeout_s", self.body_timeout_s)
-        _positive_int("max_connections", self.max_connections)
+        if self.max_connections is not None:
+            _positive_int("max_connections", self.max_connections)
+        _positive_int("max_connections_per_peer", self.max_connections_per_peer)
         _positive_int("descriptor_reserve", self.descriptor_reserve)
         _expect("decode_workers", self.decode_workers is None or (isinstance(self.decode_workers, int) and
                 not isinstance(self.decode_workers, bool) and self.decode_workers >= 0),

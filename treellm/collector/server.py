@@ -23,27 +23,24 @@ Contract:
   processes, one per core (``decode_workers``), started at :meth:`Collector.start`; small bodies
   sent without a content coding are decoded on the event loop. The journal's writer commits the
   requests of every connection together (one ``fdatasync`` for all that arrived meanwhile).
-- Hostile or broken clients cannot hold the collector (uvicorn's h11 protocol, extended
-  by :class:`_GuardedH11`): a connection that has not sent a request's headers
-  ``header_timeout_s`` after it opened (or after its previous response) is answered 408
-  (when it sent part of them) and closed; a body not whole ``body_timeout_s`` after its
-  headers is answered 408 and its connection closed (a deadline on the whole body, not per
-  chunk). File descriptors are budgeted: at start the connection cap is ``max_connections``
-  lowered to the descriptor limit (``RLIMIT_NOFILE``) minus the descriptors already open
-  minus ``descriptor_reserve`` (:func:`connection_cap`), so connections never take the
-  descriptors the journal, the store and new peers need. A connection opened at the cap
-  closes the oldest idle one (waiting for a request's headers, no request under way; oldest
-  by when it started waiting) and is served; when none is idle it is answered 503 with
-  ``Retry-After`` and closed, except ``GET /health``, which is answered all the same. A flood
-  of half-open connections thus cycles through the budget instead of exhausting it, and
-  ``/health`` and a client that sends its request are served. The collector accepts connections itself
-  (:meth:`Collector._accept`, not asyncio's server, which on Python 3.11 retries a failed
-  accept up to its backlog of 2048 times per event-loop turn, logging a traceback each
-  time): a failed accept (EMFILE, ENFILE: out of file descriptors; ENOBUFS, ENOMEM) pauses
-  accepting, 50 ms doubling to 1 s while it keeps failing, and is logged once per burst
-  (the first failure, then how many there were once an accept works again,
-  :class:`_Bursts`). The timeouts, refused connections, closed idle connections and failed
-  accepts are counted in ``/health``, beside the cap and the connections open.
+- Hostile or broken clients cannot hold the collector (:mod:`treellm.collector.connections`
+  states the rules): a deadline on each request's headers (``header_timeout_s``) and on its
+  whole body (``body_timeout_s``: 408 and the connection closed); at start the soft descriptor
+  limit is raised to the hard one and the total cap on connections derived from it (less the
+  descriptors open and ``descriptor_reserve``; ``max_connections`` when lower); a peer (an IPv4
+  address, an IPv6 /64) holds at most ``max_connections_per_peer``, a connection over it closed
+  as soon as it is accepted, unread, so one peer's half-sent requests never hold the others'
+  exports or ``GET /health``; at the total cap a new connection closes the oldest idle one, or
+  is answered 503 with ``Retry-After`` when none is idle, except ``GET /health``, answered all
+  the same; a failed accept (out of descriptors) pauses accepting and is logged once per burst.
+  ``/health`` counts the timeouts, the connections refused per peer and over the cap, the idle
+  ones closed and the failed accepts, beside both caps, the connections and peers open.
+- ``/health`` also says where the stored spans went (``accounting``): how many became runs,
+  nodes (tool calls among them), other spans of runs and caught calls (``loop_events``), and
+  how many were stored but placed nowhere, per reason, summed over the flushes as
+  :func:`~treellm.store.ingest_file` reported each (the same figures as ``treellm ingest
+  --json``; a span counts where it was placed when it was stored, so spans that waited for their
+  run's root in a later batch stay under ``no run root``).
 - ``Authorization`` is compared on the header's raw bytes
   (:func:`~treellm.collector.protocol.bearer_matches`): a UTF-8 token works.
 - :func:`serve` runs a collector until SIGTERM or SIGINT (a second signal stops waiting
@@ -66,17 +63,26 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any, ClassVar, Final
+from typing import Any, Final
 
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from starlette.types import Receive, Scope, Send
 
 from treellm.collector.config import DEFAULTS, CollectorConfig, journal_folder
+from treellm.collector.connections import (
+    ConnectionRules,
+    GuardedH11,
+    accept_forever,
+    connection_cap,
+    descriptor_limit,
+    guarded_protocol,
+    open_descriptors,
+    raise_descriptor_limit,
+)
 from treellm.collector.decode import Decoded, Encoding, decode_metrics_request, decode_request
 from treellm.collector.errors import BadRequest, CollectorError, PayloadTooLarge
 from treellm.collector.pool import DecodePool, cores
@@ -116,13 +122,6 @@ EXIT_JOURNAL_KEPT: Final = 75  # EX_TEMPFAIL: try again later
 _START_TIMEOUT_S: Final = 10.0
 _GRACEFUL_S: Final = 10
 _BACKLOG: Final = 2048
-_ACCEPT_PAUSE_FIRST_S: Final = 0.05
-_ACCEPT_PAUSE_MAX_S: Final = 1.0
-_HEADER_TIMEOUT_BODY: Final = b"the request headers did not arrive in time"
-_HEADER_TIMEOUT_RESPONSE: Final = (
-    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
-    b"connection: close\r\n\r\n%s" % (len(_HEADER_TIMEOUT_BODY), _HEADER_TIMEOUT_BODY)
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,9 +142,17 @@ class CollectorStats:
     connections: int = 0
     evicted: int = 0
     decode_restarts: int = 0
+    connection_cap_per_peer: int = 0
+    peers: int = 0
+    peer_refused: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The counters as ``/health`` shows them; the flusher's accounting lifted to ``accounting``
+        (:meth:`~treellm.store.ingest.Accounting.to_json`: counts only, no span named)."""
+        data = asdict(self)
+        del data["flusher"]["accounting"]
+        data["accounting"] = self.flusher.accounting.to_json()
+        return data
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -164,174 +171,6 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise CollectorError(f"cannot listen on {where}: {exc.strerror or exc}") from exc
     return sock
-
-
-def connection_cap(max_connections: int, descriptor_limit: int | None, open_descriptors: int, reserve: int) -> int:
-    """The most connections to hold open: ``max_connections``, lowered so that the descriptors
-    open now, the connections and ``reserve`` fit within ``descriptor_limit`` (None: no limit).
-    Below 1 when the limit leaves no room (pure)."""
-    if descriptor_limit is None:
-        return max_connections
-    return min(max_connections, descriptor_limit - open_descriptors - reserve)
-
-
-def _descriptor_limit() -> int | None:
-    """The soft ``RLIMIT_NOFILE`` of this process; None when unlimited or unknown."""
-    try:
-        import resource
-    except ImportError:  # not a POSIX system
-        return None
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return None if soft == resource.RLIM_INFINITY else int(soft)
-
-
-def _open_descriptors() -> int:
-    """How many file descriptors this process holds (0 when the system does not list them)."""
-    for folder in ("/proc/self/fd", "/dev/fd"):
-        try:
-            return max(0, len(os.listdir(folder)) - 1)  # less the listing's own descriptor
-        except OSError:
-            continue
-    return 0
-
-
-class _Bursts:
-    """Counts a recurring trouble and logs it once per burst: the first occurrence, then nothing
-    until :meth:`end` (the trouble is over), which logs how many there were. Event loop thread only."""
-
-    def __init__(self, first: str, over: str) -> None:
-        self.total = 0
-        self._burst = 0
-        self._first = first
-        self._over = over
-
-    def note(self, *args: object) -> None:
-        self.total += 1
-        self._burst += 1
-        if self._burst == 1:
-            logger.warning(self._first, *args)
-
-    def end(self) -> None:
-        if self._burst:
-            logger.warning(self._over, self._burst)
-            self._burst = 0
-
-
-class _ConnectionRules:
-    """What every connection of one collector obeys (:class:`_GuardedH11`), its counters, and
-    the connections waiting for a request's headers, oldest first (the ones closed to make
-    room at the cap). Event loop thread only, but :attr:`max_connections`, set once at start."""
-
-    def __init__(self, config: CollectorConfig, over_capacity: ASGIApp) -> None:
-        self.max_connections = config.max_connections
-        self.header_timeout_s = config.header_timeout_s
-        self.over_capacity_app = over_capacity
-        self.timed_out = 0
-        self.waiting: dict[_GuardedH11, None] = {}  # insertion order: oldest first
-        self.closing: set[_GuardedH11] = set()  # closed to make room, not yet gone
-        self.over_capacity = _Bursts(
-            "refusing connections above %d open ones with 503, no idle one left to close (logged once until one "
-            "is taken)",
-            "taking connections again after refusing %d above the limit",
-        )
-        self.evicted = _Bursts(
-            "at the cap of %d connections: closing the oldest idle one for each new one (logged once until the "
-            "connections fall below the cap)",
-            "below the connection cap again after closing %d idle connection(s)",
-        )
-        self.accept_errors = _Bursts(
-            "cannot accept connections: %s; pausing and retrying (logged once until accepting works again)",
-            "accepting connections again after %d failed accept(s)",
-        )
-
-    def open(self, connections: set[Any]) -> int:
-        """Connections open, less those closed to make room and not yet gone."""
-        return len(connections) - len(self.closing)
-
-    def make_room(self, newcomer: _GuardedH11) -> bool:
-        """Close the oldest idle connection other than ``newcomer``; whether there was one."""
-        for connection in self.waiting:
-            if connection is not newcomer and connection.idle:
-                del self.waiting[connection]
-                self.closing.add(connection)
-                connection.transport.close()
-                self.evicted.note(self.max_connections)
-                return True
-        return False
-
-
-def _guarded_protocol(rules: _ConnectionRules) -> type[_GuardedH11]:
-    """uvicorn's HTTP protocol class bound to one collector's ``rules``."""
-
-    class Guarded(_GuardedH11):
-        _rules = rules
-
-    return Guarded
-
-
-class _GuardedH11(H11Protocol):
-    """uvicorn's h11 protocol with the collector's connection rules (the module docstring): a
-    deadline on the headers of each request and a cap on open connections. Event loop thread only."""
-
-    _rules: ClassVar[_ConnectionRules]
-    _header_timer: asyncio.TimerHandle | None = None
-    _heard = False  # bytes received since the header deadline was set
-
-    @property
-    def idle(self) -> bool:
-        """Waiting for a request's headers, none under way (a connection that may be closed to make room)."""
-        return not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete)
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        rules = self._rules
-        if rules.open(self.connections) <= rules.max_connections:
-            rules.over_capacity.end()
-            rules.evicted.end()
-        elif not rules.make_room(self):
-            rules.over_capacity.note(rules.max_connections)
-            self.app = rules.over_capacity_app
-        rules.waiting[self] = None
-        self._set_header_deadline()
-
-    def data_received(self, data: bytes) -> None:
-        self._heard = True
-        super().data_received(data)
-        if not self.idle:  # a request is under way: not to be closed to make room
-            self._rules.waiting.pop(self, None)
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing():
-            self._set_header_deadline()
-            if self.idle:  # waiting again (a pipelined request may be under way already)
-                self._rules.waiting.pop(self, None)
-                self._rules.waiting[self] = None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
-        self._rules.waiting.pop(self, None)
-        self._rules.closing.discard(self)
-        super().connection_lost(exc)
-
-    def _set_header_deadline(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-        self._heard = False
-        self._header_timer = self.loop.call_later(self._rules.header_timeout_s, self._header_deadline)
-
-    def _header_deadline(self) -> None:
-        self._header_timer = None
-        if self.transport.is_closing():
-            return
-        if self.cycle is not None and not self.cycle.response_complete:
-            return  # a request is under way: its body has a deadline of its own (Collector._receive)
-        self._rules.timed_out += 1
-        if self._heard:  # part of a request: say why; an idle keep-alive connection is just closed
-            self.transport.write(_HEADER_TIMEOUT_RESPONSE)
-        self.transport.close()
 
 
 def _open_journal(journal: Journal) -> list[Segment]:
@@ -375,9 +214,12 @@ class Collector:
             ]
         )
         self._retry_after = {"Retry-After": str(config.retry_after_s)}
-        self._rules = _ConnectionRules(config, self._over_capacity)
+        self._rules = ConnectionRules(
+            max_connections=config.max_connections or 0, per_peer=config.max_connections_per_peer,
+            header_timeout_s=config.header_timeout_s, over_capacity_app=self._over_capacity,
+        )  # fmt: skip
         self._pool = DecodePool(cores() if config.decode_workers is None else config.decode_workers)
-        self._protocol = _guarded_protocol(self._rules)
+        self._protocol = guarded_protocol(self._rules)
         self._socket: socket.socket | None = None
         self._server: uvicorn.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -459,17 +301,23 @@ class Collector:
         logger.info("listening on %s; journal %s; store %s", self.url, self.journal.folder, self.db)
 
     def _connection_cap(self) -> int:
-        """The cap on open connections within the descriptor budget (the module docstring)."""
-        limit, held, reserve = _descriptor_limit(), _open_descriptors(), self.config.descriptor_reserve
+        """The cap on open connections within the descriptor budget, the soft limit raised to the
+        hard one first (the module docstring)."""
+        raised = raise_descriptor_limit()
+        if raised is not None:
+            logger.info("raised the file descriptor limit from %d to %d (the hard limit)", *raised)
+        limit, held, reserve = descriptor_limit(), open_descriptors(), self.config.descriptor_reserve
         cap = connection_cap(self.config.max_connections, limit, held, reserve)
         if cap < 1:
             raise CollectorError(
                 f"the file descriptor limit ({limit}) leaves no room for connections: {held} are open and "
                 f"{reserve} are kept in reserve; raise it (ulimit -n) or lower descriptor_reserve"
             )
-        if cap < self.config.max_connections:
-            logger.info("holding at most %d connections: the descriptor limit is %d, %d are open, %d in reserve",
-                        cap, limit, held, reserve)  # fmt: skip
+        logger.info("holding at most %d connections, %d per peer: the descriptor limit is %s, %d are open, %d in "
+                    "reserve", cap, self.config.max_connections_per_peer, limit, held, reserve)  # fmt: skip
+        if self.config.max_connections_per_peer >= cap:
+            logger.warning("one peer may hold all %d connections (max_connections_per_peer is %d): it can keep "
+                           "the others out", cap, self.config.max_connections_per_peer)  # fmt: skip
         return cap
 
     def _serve(self) -> None:
@@ -479,43 +327,21 @@ class Collector:
             logger.exception("the HTTP server of the collector failed")
 
     async def _serve_forever(self) -> None:
-        """uvicorn serves the connections that :meth:`_accept` hands it (it listens on no socket)."""
+        """uvicorn serves the connections that :func:`accept_forever` hands it (it listens on no socket)."""
         server, sock = self._server, self._socket
         assert server is not None and sock is not None
         loop = asyncio.get_running_loop()
         protocol = self._protocol
 
-        def connection() -> asyncio.Protocol:  # as uvicorn makes them (no lifespan: no state)
+        def connection() -> GuardedH11:  # as uvicorn makes them (no lifespan: no state)
             return protocol(config=server.config, server_state=server.server_state, app_state={}, _loop=loop)
 
         self._loop = loop
-        self._accepting = asyncio.create_task(self._accept(sock, connection))
+        self._accepting = asyncio.create_task(accept_forever(sock, connection, self._rules))
         try:
             await server.serve(sockets=[])
         finally:
             self._accepting.cancel()
-
-    async def _accept(self, sock: socket.socket, connection: Callable[[], asyncio.Protocol]) -> None:
-        """Accept connections until cancelled; a failed accept pauses (the module docstring)."""
-        loop = asyncio.get_running_loop()
-        pause = _ACCEPT_PAUSE_FIRST_S
-        while True:
-            try:
-                conn, _ = await loop.sock_accept(sock)
-            except ConnectionAbortedError:  # the client left while waiting in the backlog
-                continue
-            except OSError as exc:  # EMFILE, ENFILE, ENOBUFS, ENOMEM... accepting again at once would spin
-                self._rules.accept_errors.note(exc.strerror or exc)
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, _ACCEPT_PAUSE_MAX_S)
-                continue
-            pause = _ACCEPT_PAUSE_FIRST_S
-            self._rules.accept_errors.end()
-            try:
-                await loop.connect_accepted_socket(connection, conn)
-            except OSError as exc:
-                conn.close()
-                logger.debug("dropped an accepted connection: %s", exc)
 
     @property
     def running(self) -> bool:
@@ -579,6 +405,9 @@ class Collector:
             connections=self._rules.open(self._server.server_state.connections) if self._server is not None else 0,
             evicted=self._rules.evicted.total,
             decode_restarts=self._pool.restarts,
+            connection_cap_per_peer=self._rules.per_peer,
+            peers=len(self._rules.peers),
+            peer_refused=self._rules.peer_refused,
         )
 
     # -- HTTP ------------------------------------------------------------------------------------------

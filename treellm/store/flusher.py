@@ -47,6 +47,9 @@ Contract (runs on its own thread; never raises):
   apply: deleted after the commit (``point_id`` makes a replay harmless), busy and failures
   retried, a refused segment split down to a quarantined point. A busy store skips the
   metrics until the next flush.
+- :meth:`Flusher.stats` sums what each span flush's :class:`~treellm.store.ingest.FileReport`
+  says of where its new spans went (``accounting``: runs, nodes, tool calls, loop events, placed
+  nowhere per reason), once the flush committed; a span counts where it was placed when stored.
 - :meth:`Flusher.drain` (shutdown; the owner's thread, after :meth:`Flusher.stop`) flushes
   segment after segment without pausing; True once nothing is left, False when the
   deadline passes or ``abort`` is set first. :meth:`Flusher.flush_pending` is a drain that
@@ -61,7 +64,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -69,7 +72,7 @@ import duckdb
 import orjson
 
 from treellm.errors import IngestError, StoreBusyError, StoreError
-from treellm.store.ingest import FileReport, ingest_file
+from treellm.store.ingest import Accounting, FileReport, combine, ingest_file
 from treellm.store.journal import Journal, Segment
 from treellm.store.metrics import insert_point_lines
 
@@ -95,6 +98,8 @@ class FlusherStats:
     last_flush_monotonic: float | None
     points_stored: int = 0
     point_duplicates: int = 0
+    accounting: Accounting = field(default_factory=Accounting)
+    """Where the stored spans went, summed over the flushes as ingest reported each."""
 
 
 HalveLine = Callable[[bytes], tuple[bytes, bytes] | None]
@@ -200,6 +205,7 @@ class Flusher:
         self._failures = 0
         self._rejected = 0
         self._last_flush: float | None = None
+        self._accounting = Accounting()  # replaced whole (immutable): read from any thread
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="treellm-flusher", daemon=True)
@@ -274,6 +280,7 @@ class Flusher:
 
     def _load_spans(self, path: Path) -> tuple[int, int]:
         report = self._ingest(self.db, path, "otlp-jsonl", retries=self.busy_retries)
+        self._accounting = combine([self._accounting, report.accounting])  # committed: counted
         return report.spans, report.duplicates
 
     def _load_points(self, path: Path) -> tuple[int, int]:
@@ -345,4 +352,5 @@ class Flusher:
             last_flush_monotonic=self._last_flush,
             points_stored=self._points.stored if self._points is not None else 0,
             point_duplicates=self._points.duplicates if self._points is not None else 0,
+            accounting=self._accounting,
         )
