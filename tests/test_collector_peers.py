@@ -11,6 +11,7 @@ the collector's counters (connections open, refused per peer, requests under way
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import socket
@@ -18,6 +19,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, closing
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +114,7 @@ def test_300_half_sent_requests_from_one_peer_keep_no_other_peer_out(
             except OSError:
                 pass
         assert open_ones == per_peer
-        assert patient.stats().requests == per_peer + 10 + 0  # /health is no export request
+        assert patient.stats().requests == per_peer + 10  # and B's ten exports (/health is no export request)
     refusals = [r.getMessage() for r in caplog.records if "above its cap" in r.getMessage()]
     assert refusals[:1] == [f"closing connections from {PEER_A} above its cap of {per_peer} at once "
                             "(logged once until it holds fewer)"]  # fmt: skip
@@ -163,10 +165,15 @@ def test_the_per_peer_cap_is_a_validated_setting_with_a_flag() -> None:
     with pytest.raises(ConfigError, match="max_connections_per_peer: expected a positive integer"):
         CollectorConfig(max_connections_per_peer=0)
     assert CollectorConfig().max_connections is None  # derived from the descriptor limit
-    parser = __import__("argparse").ArgumentParser()
+    parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(["--max-connections-per-peer", "8"])
     assert args.max_connections_per_peer == 8 and args.max_connections is None
+
+
+def test_every_collector_setting_is_documented() -> None:
+    doc = CollectorConfig.__doc__ or ""
+    assert [f.name for f in fields(CollectorConfig) if f"``{f.name}``" not in doc] == []
 
 
 _LIMITED_COLLECTOR = """
