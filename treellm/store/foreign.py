@@ -65,7 +65,6 @@ tools, the default failure patterns on results (``docs/architecture.md``)."""
 _FOREIGN_OPERATIONS = {"tool": "execute_tool", "llm": "chat", "agent": "invoke_agent", "workflow": "invoke_workflow"}
 _ROLES = {operation: role for role, operation in _FOREIGN_OPERATIONS.items()}
 _CAUGHT = "loop:detected"
-_EXCEPTION = (conventions.EXCEPTION_EVENT,)
 
 
 def internal_tools() -> frozenset[str]:
@@ -145,19 +144,49 @@ def _sql_list(items: Sequence[str]) -> str:
     return "[" + ", ".join("'" + item.replace("'", "''") + "'" for item in items) + "]"
 
 
-_READ_KEYS = _sql_list(sorted(conventions.READ_KEYS))
-_PREFIX_BITS = " + ".join(
-    f"(CASE WHEN len(list_filter(map_keys(f.attributes), lambda k: starts_with(k, '{prefix}'))) > 0 "
-    f"THEN {1 << bit} ELSE 0 END)"
-    for bit, prefix in enumerate(conventions.PRESENCE_PREFIXES)
+def _value(key: str) -> str:
+    return f"f.attributes[{_sql_list([key])[1:-1]}]"
+
+
+def _first_value(keys: Sequence[str]) -> str:
+    """The first non-empty value of ``keys`` (``conventions._first``) in SQL."""
+    return "coalesce(" + ", ".join(f"nullif({_value(key)}, '')" for key in keys) + ")"
+
+
+def _has(key: str) -> str:
+    return f"map_contains(f.attributes, {_sql_list([key])[1:-1]})"
+
+
+_PRESENCE_BITS = " + ".join(
+    [f"(CASE WHEN {_has(key)} THEN {1 << bit} ELSE 0 END)" for bit, key in enumerate(conventions.MARKER_KEYS)]
+    + [
+        f"(CASE WHEN len(list_filter(map_keys(f.attributes), lambda k: starts_with(k, '{prefix}'))) > 0 "
+        f"THEN {1 << (len(conventions.MARKER_KEYS) + bit)} ELSE 0 END)"
+        for bit, prefix in enumerate(conventions.PRESENCE_PREFIXES)
+    ]
 )
+_NAME_CLASS = (
+    "CASE "
+    + " ".join(f"WHEN starts_with(f.name, '{p}') THEN '{p}'" for p in conventions.NAME_PREFIXES)
+    + " ELSE '' END"
+)
+_TRACELOOP_NAME = conventions.TRACELOOP_NAME
 _FOREIGN_INPUT = f"""
 CREATE OR REPLACE TEMP TABLE foreign_in AS
-SELECT row_number() OVER () - 1 AS seq, f.trace_id, f.span_id, f.name, coalesce(f.status_code, 0) AS status_code,
-       coalesce(e.exception, false) AS exception, coalesce(e.caught, false) AS caught,
-       {_PREFIX_BITS} AS prefixes,
-       coalesce(CAST(to_json(map_from_entries(list_filter(map_entries(f.attributes),
-                lambda a: list_contains({_READ_KEYS}, a.key)))) AS VARCHAR), '{{}}') AS read_attributes
+SELECT f.trace_id, f.span_id,
+       coalesce(f.status_code, 0) = 2 OR coalesce(e.exception, false) AS hard_failed,
+       coalesce(e.caught, false) AS caught,
+       CAST(to_json(struct_pack(v := [{", ".join(_value(k) for k in conventions.ROLE_KEYS)}],
+                                m := {_PRESENCE_BITS}, n := {_NAME_CLASS})) AS VARCHAR) AS role_key,
+       CAST(to_json(struct_pack(v := [{", ".join(_value(k) for k in conventions.TOOL_NAME_KEYS)}],
+                                h := {_has(_TRACELOOP_NAME)}, t := {_value(_TRACELOOP_NAME)},
+                                n := CASE WHEN {_first_value(conventions.TOOL_NAME_KEYS)} IS NULL
+                                          AND NOT {_has(_TRACELOOP_NAME)} THEN f.name END)) AS VARCHAR) AS tool_key,
+       CAST(to_json([{", ".join(_value(k) for k in conventions.ARGUMENT_KEYS)}]) AS VARCHAR) AS args_key,
+       {_first_value(conventions.RESULT_KEYS)} AS result_text,
+       {_first_value(conventions.CALL_ID_KEYS)} AS call_first,
+       {_first_value(conventions.MODEL_KEYS)} AS model_first,
+       {_first_value(conventions.AGENT_NAME_KEYS)} AS agent_first
 FROM fresh f
 LEFT JOIN (
     SELECT trace_id, span_id, bool_or(name = '{conventions.EXCEPTION_EVENT}') AS exception,
@@ -167,9 +196,12 @@ LEFT JOIN (
 ) e USING (trace_id, span_id)
 WHERE f.run_id IS NULL AND f.node_kind IS NULL
 """
-_KIND_COLUMNS = ("convention", "operation", "tool_name", "tool_call_id", "arguments", "result", "signature",
-                 "result_hash", "model", "agent_name", "internal", "failed")  # fmt: skip
-_BOOLEAN = frozenset({"internal", "failed", "orphan"})
+"""Per new span of another framework, only what :func:`conventions.read_span` reads, as keys of
+its parts: the role's inputs (``role_key``: the values of ``ROLE_KEYS``, a presence bit per
+``MARKER_KEYS`` key and ``PRESENCE_PREFIXES`` prefix, the name's first ``NAME_PREFIXES`` match),
+the tool name's, the arguments' (``ARGUMENT_KEYS`` in order), the result's text, and the first
+call id, model and agent name. Each distinct key is read once in Python (:func:`_read_foreign`)."""
+_BOOLEAN = frozenset({"internal", "failed", "orphan", "result_failed"})
 _INTEGER = frozenset({"node_depth", "ordinal"})
 
 
@@ -198,89 +230,129 @@ def _frame(columns: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(typed, copy=False)
 
 
-_Kind = tuple[Any, ...]
+_TOOL_ROWS = "FROM foreign_in i JOIN foreign_roles r USING (role_key) WHERE r.role = 'tool' AND NOT i.caught"
+_FOREIGN_UPDATE = """
+UPDATE spans SET convention = u.convention, operation = u.operation, tool_name = u.tool_name,
+    tool_call_id = u.tool_call_id, arguments = u.arguments, result = u.result, signature = u.signature,
+    result_hash = u.result_hash, model = coalesce(spans.model, u.model),
+    agent_name = coalesce(spans.agent_name, u.agent_name), internal = u.internal,
+    node_status = CASE WHEN u.failed AND u.operation = 'execute_tool' THEN 'failed' END
+FROM (
+    WITH x AS (
+        SELECT i.*, r.family,
+               CASE WHEN r.role = 'tool' AND i.caught THEN 'other' ELSE r.role END AS role
+        FROM foreign_in i JOIN foreign_roles r USING (role_key)
+    )
+    SELECT x.trace_id, x.span_id, coalesce(x.family, 'otel') AS convention,
+           CASE x.role WHEN 'tool' THEN 'execute_tool' WHEN 'llm' THEN 'chat' WHEN 'agent' THEN 'invoke_agent'
+                       WHEN 'workflow' THEN 'invoke_workflow' END AS operation,
+           t.tool_name,
+           CASE WHEN x.role = 'tool' THEN coalesce(x.call_first, o.envelope_id, a.argument_id) END AS tool_call_id,
+           a.arguments, o.result, g.signature,
+           CASE WHEN t.tool_name <> '' THEN o.result_hash END AS result_hash,
+           CASE WHEN x.role = 'llm' THEN x.model_first END AS model,
+           CASE WHEN x.role = 'agent' THEN x.agent_first END AS agent_name,
+           t.internal,
+           x.hard_failed OR coalesce(o.result_failed, false) AS failed
+    FROM x
+    LEFT JOIN foreign_tools t ON x.role = 'tool' AND t.tool_key = x.tool_key
+    LEFT JOIN foreign_args a ON x.role = 'tool' AND a.args_key = x.args_key
+    LEFT JOIN foreign_results o ON x.role = 'tool' AND o.result_text = x.result_text
+    LEFT JOIN foreign_signatures g ON g.tool = t.tool_name AND g.arguments = coalesce(a.arguments, '')
+) u
+WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id
+"""
+"""What the conventions say of each new span of another framework, joined from the answers for
+each distinct key (as :func:`conventions.read_span` would say it of the span: a call that LoopGuard
+caught is a span of role ``other``, its event says it did not run)."""
 
 
-class _Reader:
-    """Reads each distinct input once: (name, status, exception, caught, prefixes, read attributes)."""
+def _role_stub(key: str) -> tuple[str, dict[str, Any]]:
+    """(name, attributes) that :func:`conventions.role_of` answers for a ``role_key`` as for its spans."""
+    found = orjson.loads(key)
+    stub: dict[str, Any] = {}
+    markers = len(conventions.MARKER_KEYS)
+    for bit, marker in enumerate(conventions.MARKER_KEYS):
+        if found["m"] >> bit & 1:
+            stub[marker] = None  # present; the value, when the role reads it, comes next
+    for bit, prefix in enumerate(conventions.PRESENCE_PREFIXES):
+        if found["m"] >> (markers + bit) & 1:
+            stub.setdefault(prefix, "")
+    for name, value in zip(conventions.ROLE_KEYS, found["v"], strict=True):
+        if value is not None:
+            stub[name] = value
+    return found["n"], stub
 
-    def __init__(self, internal: frozenset[str]) -> None:
-        self.internal = internal
-        self.index: dict[tuple[Any, ...], int] = {}
-        self.kinds: list[_Kind] = []
-        self.failures: dict[str, tuple[bool, str]] = {}
 
-    def kind(self, key: tuple[Any, ...]) -> int:
-        found = self.index.get(key)
-        if found is None:
-            found = self.index[key] = len(self.kinds)
-            self.kinds.append(self._read(*key))
-        return found
-
-    def _result_facts(self, result: str) -> tuple[bool, str]:
-        """(the default rule calls it a failure, its hash), once per distinct result in a pass."""
-        found = self.failures.get(result)
-        if found is None:
-            found = self.failures[result] = (repeats.is_failure(_DEFAULT_RULE, result), result_hash(result))
-        return found
-
-    def _read(self, *key: Any) -> _Kind:
-        name, status, exception, caught, prefixes, text = key
-        attributes = orjson.loads(text)
-        for bit, prefix in enumerate(conventions.PRESENCE_PREFIXES):
-            if prefixes >> bit & 1:
-                attributes.setdefault(prefix, "")
-        facts = conventions.read_span(name, attributes, status_code=status, event_names=_EXCEPTION if exception else ())
-        if facts.role == "tool" and caught:
-            # an instrumentor's span of a call that LoopGuard caught: it did not run, the event says so
-            facts = conventions.ForeignSpan(role="other", family=facts.family)
-        sig = digest = None
-        failed = facts.failed
-        internal = facts.tool_name in self.internal if facts.tool_name else None
-        if facts.role == "tool" and facts.result is not None:
-            is_failure, digest = self._result_facts(facts.result)
-            failed = failed or is_failure
-        if facts.role == "tool" and facts.tool_name:
-            sig = _signature(facts.tool_name, facts.arguments or "")
-        else:
-            digest = None
-        operation = _FOREIGN_OPERATIONS.get(facts.role)
-        return (facts.family or "otel", operation, facts.tool_name, facts.call_id, facts.arguments, facts.result,
-                sig, digest, facts.model, facts.agent_name, internal, failed)  # fmt: skip
+def _tool_name(key: str) -> str | None:
+    found = orjson.loads(key)
+    stub: dict[str, Any] = dict(zip(conventions.TOOL_NAME_KEYS, found["v"], strict=True))
+    if found["h"]:
+        stub[conventions.TRACELOOP_NAME] = found["t"]
+    return conventions.tool_name_of(found["n"] or "", stub)
 
 
 def _read_foreign(con: duckdb.DuckDBPyConnection, internal: frozenset[str]) -> bool:
     """Read the new spans of other frameworks through their conventions and write what they
-    say; returns whether there were any (their traces are in ``foreign_in``)."""
+    say; returns whether there were any (their traces are in ``foreign_in``). Each distinct key
+    (``_FOREIGN_INPUT``) crosses into Python once; the answers come back as tables joined in SQL."""
     con.execute(_FOREIGN_INPUT)
-    fetched = con.execute(
-        "SELECT seq, name, status_code, exception, caught, prefixes, read_attributes FROM foreign_in"
-    ).fetchnumpy()
-    seq = fetched.pop("seq")
-    if len(seq) == 0:
+    role_keys = [key for (key,) in con.execute("SELECT DISTINCT role_key FROM foreign_in").fetchall()]
+    if not role_keys:
         return False
-    reader = _Reader(internal)
-    columns = [fetched.pop(name).tolist() for name in list(fetched)]
-    kinds = np.fromiter((reader.kind(key) for key in zip(*columns, strict=True)), dtype=np.int64, count=len(seq))
-    del columns
-    by_span = _frame({"seq": np.asarray(seq, dtype=np.int64), "kind": kinds})
-    answers = list(zip(*reader.kinds, strict=True))
-    described = _frame(
-        {"kind": np.arange(len(reader.kinds), dtype=np.int64)}
-        | {name: list(answers[i]) for i, name in enumerate(_KIND_COLUMNS)}
-    )
-    with _registered(con, foreign_by_span=by_span, foreign_kinds=described):
-        con.execute(
-            "UPDATE spans SET convention = u.convention, operation = u.operation, tool_name = u.tool_name, "
-            "tool_call_id = u.tool_call_id, arguments = u.arguments, result = u.result, signature = u.signature, "
-            "result_hash = u.result_hash, model = coalesce(spans.model, u.model), "
-            "agent_name = coalesce(spans.agent_name, u.agent_name), internal = u.internal, "
-            "node_status = CASE WHEN u.failed AND u.operation = 'execute_tool' THEN 'failed' END "
-            "FROM (SELECT i.trace_id, i.span_id, k.* FROM foreign_in i JOIN foreign_by_span s USING (seq) "
-            "      JOIN foreign_kinds k USING (kind)) u "
-            "WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id"
-        )
+    answers = [conventions.role_of(*_role_stub(key)) for key in role_keys]
+    roles = _frame({"role_key": role_keys, "role": [r for r, _ in answers], "family": [f for _, f in answers]})
+    with _registered(con, foreign_roles=roles):
+        _read_calls(con, internal)
     return True
+
+
+def _read_calls(con: duckdb.DuckDBPyConnection, internal: frozenset[str]) -> None:
+    """The tool name, arguments, result and signature of each distinct key of the new tool spans
+    (``foreign_roles`` registered), and the update of every new span (:data:`_FOREIGN_UPDATE`)."""
+    tool_keys = [key for (key,) in con.execute(f"SELECT DISTINCT i.tool_key {_TOOL_ROWS}").fetchall()]
+    names = [_tool_name(key) for key in tool_keys]
+    tools = _frame(
+        {"tool_key": tool_keys, "tool_name": names, "internal": [n in internal if n else None for n in names]}
+    )
+    args_keys = [key for (key,) in con.execute(f"SELECT DISTINCT i.args_key {_TOOL_ROWS}").fetchall()]
+    read = [conventions.arguments_of(tuple(orjson.loads(key))) for key in args_keys]
+    args = _frame({"args_key": args_keys, "arguments": [a for a, _ in read], "argument_id": [i for _, i in read]})
+    texts = [
+        text
+        for (text,) in con.execute(
+            f"SELECT DISTINCT i.result_text {_TOOL_ROWS} AND i.result_text IS NOT NULL"
+        ).fetchall()
+    ]
+    unwrapped = [conventions.result_of(text) for text in texts]
+    facts: dict[str, tuple[bool, str]] = {}
+    for result, _ in unwrapped:
+        if result is not None and result not in facts:
+            facts[result] = (repeats.is_failure(_DEFAULT_RULE, result), result_hash(result))
+    results = _frame(
+        {
+            "result_text": texts,
+            "result": [r for r, _ in unwrapped],
+            "envelope_id": [str(e) if e else None for _, e in unwrapped],
+            "result_failed": [None if r is None else facts[r][0] for r, _ in unwrapped],
+            "result_hash": [None if r is None else facts[r][1] for r, _ in unwrapped],
+        }
+    )
+    with _registered(con, foreign_tools=tools, foreign_args=args, foreign_results=results):
+        pairs = con.execute(
+            f"SELECT DISTINCT t.tool_name, coalesce(a.arguments, '') "
+            f"FROM (SELECT DISTINCT i.tool_key, i.args_key {_TOOL_ROWS}) i "
+            "JOIN foreign_tools t USING (tool_key) JOIN foreign_args a USING (args_key) WHERE t.tool_name <> ''"
+        ).fetchall()
+        signatures = _frame(
+            {
+                "tool": [t for t, _ in pairs],
+                "arguments": [a for _, a in pairs],
+                "signature": [_signature(t, a) for t, a in pairs],
+            }
+        )
+        with _registered(con, foreign_signatures=signatures):
+            con.execute(_FOREIGN_UPDATE)
 
 
 # -- runs, trees and ordinals of the traces those spans belong to -------------------------------------

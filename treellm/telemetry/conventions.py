@@ -52,15 +52,22 @@ __all__ = [
     "CALL_ID_KEYS",
     "DEFAULT_INTERNAL_TOOLS",
     "LLM_OPERATIONS",
+    "MARKER_KEYS",
     "MODEL_KEYS",
+    "NAME_PREFIXES",
     "RESULT_KEYS",
+    "ROLE_KEYS",
     "TOOL_NAME_KEYS",
     "WORKFLOW_OPERATIONS",
     "ForeignSpan",
     "Role",
+    "arguments_of",
     "family",
     "parent_call",
     "read_span",
+    "result_of",
+    "role_of",
+    "tool_name_of",
     "unwrap_result",
 ]
 
@@ -137,6 +144,14 @@ PRESENCE_PREFIXES: Final = ("gen_ai.", *_OPENINFERENCE_MODEL_CALL)
 prefix here, whether some key starts with it: nothing else of the attributes. So a reader
 may hand it only those items plus one key per prefix present (the prefix itself, which is
 never looked up by name), and equal such inputs have equal answers (the store memoises them)."""
+
+ROLE_KEYS: Final = (OPERATION, OPENINFERENCE_KIND, TRACELOOP_KIND, _TRACELOOP_LLM_TYPE)
+"""The attributes whose values :func:`role_of` reads."""
+MARKER_KEYS: Final = (OPENINFERENCE_KIND, TRACELOOP_KIND, TRACELOOP_NAME, LOGFIRE_MESSAGE, LOGFIRE_SPAN_TYPE)
+"""The attributes whose presence :func:`role_of` asks about (with :data:`PRESENCE_PREFIXES`)."""
+NAME_PREFIXES: Final = tuple(prefix for prefix, _ in _NAME_ROLES)
+"""The span-name prefixes that say a role, in order: :func:`role_of` reads nothing else of the name,
+so a reader may hand it the first of them that the name starts with (or ``""``) instead."""
 
 DEFAULT_INTERNAL_TOOLS: Final = ("final_answer", "final_result")
 """Framework-internal tools (smolagents' ``final_answer``, pydantic-ai's output tool
@@ -378,6 +393,35 @@ def _tool_name(name: str, attributes: Mapping[str, str]) -> str | None:
         if name.startswith(prefix):
             return name[len(prefix) :].strip() or None
     return None
+
+
+def role_of(name: str, attributes: Mapping[str, str]) -> tuple[Role, str | None]:
+    """(role, family) of a span, as :func:`read_span` says them: a function of the name's first
+    :data:`NAME_PREFIXES` match, the values of :data:`ROLE_KEYS`, the presence of
+    :data:`MARKER_KEYS` and of a key starting with each of :data:`PRESENCE_PREFIXES`."""
+    return _role(name, attributes), family(attributes)
+
+
+def tool_name_of(name: str, attributes: Mapping[str, str]) -> str | None:
+    """The tool name :func:`read_span` gives a tool span: a function of the values of
+    :data:`TOOL_NAME_KEYS`, of :data:`TRACELOOP_NAME` (and its presence) and of the name."""
+    return _tool_name(name, attributes)
+
+
+def arguments_of(candidates: tuple[str | None, ...]) -> tuple[str | None, str | None]:
+    """(arguments, a call id found in their envelope) that :func:`read_span` gives a tool span
+    whose values of :data:`ARGUMENT_KEYS`, in that order, are ``candidates``."""
+    if sum(len(text) for text in candidates if text is not None) <= _MEMO_CHARS:
+        return _arguments_memo(candidates)
+    return _arguments_of(candidates)
+
+
+def result_of(text: str | None) -> tuple[str | None, str | None]:
+    """(result, a call id found in its envelope) that :func:`read_span` gives a tool span whose
+    first non-empty value of :data:`RESULT_KEYS` is ``text`` (None: none)."""
+    if text is None:
+        return None, None
+    return _unwrap_memo(text) if len(text) <= _MEMO_CHARS else unwrap_result(text)
 
 
 def read_span(
