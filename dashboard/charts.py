@@ -136,8 +136,12 @@ def what_if_chart(table: pd.DataFrame, tool: str) -> go.Figure:
     fig.add_bar(x=data["limit"], y=data["unknown"], name="unknown (pruned in the data, would run)",
                 marker_color="#BAB0AC")  # fmt: skip
     fig.add_scatter(x=data["limit"], y=data["branches_ended"], name="branches that would end", mode="lines+markers")
-    current = int(data["current_limit"].iloc[0])
-    fig.add_vline(x=current, line_dash="dash", annotation_text=f"current limit {current}")
+    current = data["current_limit"].iloc[0]
+    if pd.notna(current):
+        fig.add_vline(x=int(current), line_dash="dash", annotation_text=f"current limit {int(current)}")
+    else:
+        fig.add_annotation(text="no limit observed in the data", xref="paper", yref="paper", x=1, y=1.08,
+                           showarrow=False)  # fmt: skip
     fig.update_layout(title=f"What if: limits for {plotly_text(tool)}", xaxis_title="max_repeats", barmode="group",
                       height=340)  # fmt: skip
     return fig

@@ -98,6 +98,9 @@ def test_what_if_chart_marks_the_current_limit() -> None:
     fig = charts.what_if_chart(table, "t")
     assert [t.name for t in fig.data][:2] == ["saved (wasted repeats pruned)", "lost (productive repeats pruned)"]
     assert fig.layout.shapes[0].x0 == 2
+    table["current_limit"] = pd.array([pd.NA] * 3, dtype="Int64")  # the data never ran under a limit
+    fig = charts.what_if_chart(table, "t")
+    assert not fig.layout.shapes and "no limit observed" in fig.layout.annotations[0].text
 
 
 def test_prune_rate_chart_stacks_actions() -> None:

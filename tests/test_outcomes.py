@@ -15,7 +15,14 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from treellm.analysis import Filters, repeat_samples, repeats_by_run_outcome, tune, tuning_by_tool
+from treellm.analysis import (
+    Filters,
+    repeat_samples,
+    repeats_by_run_outcome,
+    tune,
+    tuning_by_tool,
+    what_if_by_tool_limit,
+)
 from treellm.store import ingest, open_store
 from treellm.store.formats.trajectory import run_result
 
@@ -136,6 +143,12 @@ def test_a_tool_that_never_ran_under_a_limit_has_no_current_limit(tau_db: Path) 
     assert len(frame) > 0 and not frame["observed_limit"].any()
     assert str(frame["current_max_repeats"].dtype) == "Int64" and frame["current_max_repeats"].isna().all()
     assert all(item["current_max_repeats"] is None for item in data["tools"])
+    con = open_store(tau_db, read_only=True)
+    try:
+        what_if = what_if_by_tool_limit(con)
+    finally:
+        con.close()
+    assert len(what_if) > 0 and str(what_if["current_limit"].dtype) == "Int64" and what_if["current_limit"].isna().all()
     assert all(isinstance(item["recommended_max_repeats"], int) for item in data["tools"])
     strict = subprocess.run(
         [sys.executable, "-m", "treellm", "tune", "--db", str(tau_db), "--format", "json"],

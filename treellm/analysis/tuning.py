@@ -107,7 +107,8 @@ def what_if_by_tool_limit(
 ) -> pd.DataFrame:
     """For each tool and limit L in 1..N: executed calls L would prune, split into wasted
     (saved) and productive (lost), the branches that would end (turns whose every call L
-    prunes), and calls pruned in the data that L would let run (``unknown``: no outcome)."""
+    prunes), and calls pruned in the data that L would let run (``unknown``: no outcome).
+    ``current_limit`` is the limit the data ran under, ``<NA>`` when it never ran under one."""
     f = filters or Filters()
     samples = repeat_samples(con, f)
     limits = _current_limits(con, f)
@@ -115,8 +116,9 @@ def what_if_by_tool_limit(
     turns = _turn_summary(_turn_ends(con, f))
     rows: list[dict[str, Any]] = []
     for tool in sorted(limits["tool"]):
-        current = limits.loc[limits["tool"] == tool, "current_limit"].iloc[0]
-        current = int(current) if pd.notna(current) else 1
+        found = limits.loc[limits["tool"] == tool, "current_limit"].iloc[0]
+        observed = int(found) if pd.notna(found) else None  # None: the data never ran under a limit
+        current = observed or 1
         mine = samples[samples["tool"] == tool] if not samples.empty else samples
         top = max_limit or max(current + 2, int(mine["ordinal"].max()) if not mine.empty else 1, 3)
         pruned_counts = pruned.loc[pruned["tool"] == tool, "count"]
@@ -127,15 +129,17 @@ def what_if_by_tool_limit(
             ends = int((only_this > limit).sum())
             unknown = int((pruned_counts < limit).sum()) if limit > current else 0
             rows.append(
-                {"tool": tool, "limit": limit, "current_limit": current, "would_prune": len(caught),
+                {"tool": tool, "limit": limit, "current_limit": observed, "would_prune": len(caught),
                  "saved": len(caught) - lost, "lost": lost, "branches_ended": ends, "unknown": unknown,
                  "note": (f"{unknown} call(s) pruned in the data would run at this limit: their outcome is unknown"
                           if unknown else "")}
             )  # fmt: skip
-    return pd.DataFrame(
+    table = pd.DataFrame(
         rows,
         columns=["tool", "limit", "current_limit", "would_prune", "saved", "lost", "branches_ended", "unknown", "note"],
     )
+    table["current_limit"] = table["current_limit"].astype("Int64")  # <NA>: no limit observed
+    return table
 
 
 def _turn_summary(turns: pd.DataFrame) -> pd.DataFrame:
