@@ -365,7 +365,16 @@ SELECT trace_id, span_id, parent_span_id, start_ns, end_ns, operation, tool_name
        orphan_parent IS NOT NULL AND parent_span_id IS NULL AS flagged,
        coalesce(status_code = 2 OR node_status = 'failed', false) AS failed,
        call_digest, call_targets, run_id IS NULL AS new
-FROM spans WHERE trace_id IN (SELECT DISTINCT trace_id FROM foreign_in)
+FROM spans WHERE trace_id IN (SELECT trace_id FROM place_batches WHERE batch = $batch)
+"""
+_PLACE_SPANS = 50_000
+"""Whole traces are placed in batches of about this many spans (a trace is never split), so
+Python holds one batch's rows and placements at a time, whatever the file."""
+_PLACE_BATCHES = f"""
+CREATE OR REPLACE TEMP TABLE place_batches AS
+SELECT trace_id, (sum(n) OVER (ORDER BY trace_id ROWS UNBOUNDED PRECEDING) - n) // {_PLACE_SPANS} AS batch
+FROM (SELECT trace_id, count(*) AS n FROM spans WHERE trace_id IN (SELECT DISTINCT trace_id FROM foreign_in)
+      GROUP BY trace_id)
 """
 
 
@@ -514,7 +523,16 @@ def _update_runs(
 
 
 def _place(con: duckdb.DuckDBPyConnection) -> None:
-    fetched = con.execute(_TRACE_SPANS).fetchnumpy()
+    """Runs, trees and ordinals of the traces of ``foreign_in``, a batch of whole traces at a time."""
+    con.execute(_PLACE_BATCHES)
+    batches = [batch for (batch,) in con.execute("SELECT DISTINCT batch FROM place_batches ORDER BY 1").fetchall()]
+    for batch in batches:
+        _place_batch(con, int(batch))
+    con.execute("DROP TABLE place_batches")
+
+
+def _place_batch(con: duckdb.DuckDBPyConnection, batch: int) -> None:
+    fetched = con.execute(_TRACE_SPANS, {"batch": batch}).fetchnumpy()
     spans = {name: fetched.pop(name).tolist() for name in list(fetched)}
     _keyed_from_parents(con, spans)
     facts, stored = _span_facts(spans)
@@ -525,8 +543,8 @@ def _place(con: duckdb.DuckDBPyConnection) -> None:
     for index, p in enumerate(placed):
         earlier += len(p.earlier)
         if index + 1 - start >= _UPDATE_ROWS or earlier >= _UPDATE_EARLIER_IDS or index + 1 == len(placed):
-            batch = placed[start : index + 1]
-            _update_runs(con, batch, [stored.get((p.trace_id, p.span_id)) for p in batch])
+            part = placed[start : index + 1]
+            _update_runs(con, part, [stored.get((p.trace_id, p.span_id)) for p in part])
             start, earlier = index + 1, 0
 
 
