@@ -1,0 +1,220 @@
+"""Ingest at scale: the set-based reading of other frameworks' spans, long records, long repeats.
+
+- The conventions are read once per distinct key in :mod:`treellm.store.foreign`; each span's
+  stored columns must equal what :func:`treellm.telemetry.conventions.read_span` says of it,
+  span by span (the oracle below is the per-span reading it replaced).
+- A converted record longer than ``LINE_SPANS`` is written as several lines, and a call
+  repeated many times records all its earlier identical calls (views of one list, written back
+  in batches); a DuckDB error inside the placement is reported as itself.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from treellm.engine import repeats
+from treellm.engine.tools import result_hash
+from treellm.errors import StoreError
+from treellm.store import foreign, ingest, open_store
+from treellm.store.ingest import LINE_SPANS, split_traces_data
+from treellm.store.trees import EarlierIds
+from treellm.telemetry import conventions
+
+TRACE = "0af7651916cd43dd8448eb211c80319c"
+ROOT = "b7ad6b7169203331"
+T0 = 1_717_000_000_000_000_000
+RULE = repeats.ToolRule()
+OPERATIONS = {"tool": "execute_tool", "llm": "chat", "agent": "invoke_agent", "workflow": "invoke_workflow"}
+
+ENVELOPE = json.dumps({"lc": 1, "type": "constructor", "kwargs": {"content": "42 rows", "tool_call_id": "call_lc"}})
+TRACELOOP_IN = json.dumps({"inputs": {"q": "weather"}, "kwargs": {"tool_call_id": "call_tl"}, "tags": []})
+TRACELOOP_OUT = json.dumps({"outputs": "sunny", "kwargs": {}})
+SCHEMA = json.dumps({"type": "object", "properties": {"q": {"type": "string"}}})
+
+# (name, attributes, status code, event names)
+CASES: list[tuple[str, dict[str, str], int, tuple[str, ...]]] = [
+    ("execute_tool grep", {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "grep",
+                           "gen_ai.tool.call.id": "c1", "gen_ai.tool.call.arguments": '{"q": "x", "n": 1}',
+                           "gen_ai.tool.call.result": "found"}, 0, ()),
+    ("execute_tool grep", {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "grep",
+                           "gen_ai.tool.call.arguments": '{"n": 1, "q": "x"}',
+                           "gen_ai.tool.call.result": "<returncode>1</returncode>"}, 0, ()),
+    ("execute_tool bash", {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "bash",
+                           "gen_ai.tool.call.arguments": '{"command": "cat a.py"}'}, 2, ()),
+    ("execute_tool bash", {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "bash",
+                           "gen_ai.tool.call.arguments": '{"command": "cat a.py"}'}, 0, ("exception",)),
+    ("execute_tool bash", {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "bash",
+                           "gen_ai.tool.call.arguments": '{"command": "rm -rf b"}'}, 0, ("loop:detected",)),
+    ("execute_tool final_answer", {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "final_answer",
+                                   "gen_ai.tool.call.arguments": '{"answer": "done"}'}, 0, ()),
+    ("execute_tool x", {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "", "tool.name": "lookup",
+                        "tool_call.id": "c9", "gen_ai.tool.args": "{'city': 'Paris'}"}, 0, ()),
+    ("execute_tool from_name", {"gen_ai.operation.name": "execute_tool"}, 0, ()),
+    ("chat gpt-4o", {"gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o"}, 0, ()),
+    ("invoke_agent helper", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "helper"}, 0, ()),
+    ("workflow", {"gen_ai.operation.name": "invoke_workflow"}, 0, ()),
+    ("search", {"openinference.span.kind": "TOOL", "tool.name": "search", "input.value": '{"q": "cats"}',
+                "output.value": ENVELOPE, "tool.parameters": SCHEMA}, 0, ()),
+    ("search", {"openinference.span.kind": "TOOL", "tool.name": "search", "tool.parameters": SCHEMA}, 0, ()),
+    ("ChatOpenAI", {"openinference.span.kind": "LLM", "llm.model_name": "gpt-4o-mini",
+                    "llm.output_messages.0.message.role": "assistant"}, 0, ()),
+    ("prepare", {"openinference.span.kind": "LLM", "llm.model_name": "gpt-4o-mini"}, 0, ()),
+    ("agent", {"openinference.span.kind": "AGENT", "agent.name": "writer"}, 0, ()),
+    ("LangGraph", {"openinference.span.kind": "CHAIN"}, 0, ()),
+    ("step", {"openinference.span.kind": "retriever"}, 0, ()),
+    ("weather.tool", {"traceloop.span.kind": "tool", "traceloop.entity.name": "weather",
+                      "traceloop.entity.input": TRACELOOP_IN, "traceloop.entity.output": TRACELOOP_OUT}, 0, ()),
+    ("plan.task", {"traceloop.span.kind": "task", "traceloop.entity.name": "plan"}, 0, ()),
+    ("odd.kind", {"traceloop.span.kind": ""}, 0, ()),
+    ("openai.chat", {"llm.request.type": "chat", "gen_ai.request.model": "gpt-4o"}, 0, ()),
+    ("running tool: fetch", {"logfire.msg": "running tool: fetch", "tool_arguments": '{"url": "https://x.org"}',
+                             "tool_response": "page"}, 0, ()),
+    ("agent run", {"logfire.span_type": "span", "agent_name": "pyd"}, 0, ()),
+    ("chat claude", {}, 0, ()),
+    ("execute_tool plain", {}, 0, ()),
+    ("GET /health", {"http.method": "GET"}, 0, ()),
+]  # fmt: skip
+
+
+def _value(text: str) -> dict[str, Any]:
+    return {"stringValue": text}
+
+
+def _span(index: int, name: str, attributes: dict[str, str], status: int, events: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        "traceId": TRACE,
+        "spanId": f"{index + 1:016x}",
+        "parentSpanId": ROOT,
+        "name": name,
+        "kind": 1,
+        "startTimeUnixNano": str(T0 + (index + 1) * 1_000_000),
+        "endTimeUnixNano": str(T0 + (index + 1) * 1_000_000 + 500_000),
+        "attributes": [{"key": k, "value": _value(v)} for k, v in attributes.items()],
+        "events": [{"timeUnixNano": str(T0 + (index + 1) * 1_000_000), "name": e, "attributes": []} for e in events],
+        "status": {"code": status},
+    }
+
+
+def _oracle(name: str, attributes: dict[str, str], status: int, events: tuple[str, ...]) -> dict[str, Any]:
+    """What the per-span reading (before the set-based one) stored for a span."""
+    facts = conventions.read_span(name, attributes, status_code=status, event_names=events)
+    if facts.role == "tool" and "loop:detected" in events:
+        facts = conventions.ForeignSpan(role="other", family=facts.family)
+    failed, digest, sig = facts.failed, None, None
+    if facts.role == "tool" and facts.result is not None:
+        failed = failed or repeats.is_failure(RULE, facts.result)
+        digest = result_hash(facts.result)
+    if facts.role == "tool" and facts.tool_name:
+        sig = foreign._signature(facts.tool_name, facts.arguments or "")
+    else:
+        digest = None
+    operation = OPERATIONS.get(facts.role)
+    return {
+        "convention": facts.family or "otel",
+        "operation": operation,
+        "tool_name": facts.tool_name,
+        "tool_call_id": facts.call_id,
+        "arguments": facts.arguments,
+        "result": facts.result,
+        "signature": sig,
+        "result_hash": digest,
+        "internal": facts.tool_name in foreign.DEFAULT_INTERNAL if facts.tool_name else None,
+        "node_status": "failed" if failed and operation == "execute_tool" else None,
+        # the stage promotes the first model and agent name it finds; the conventions fill a gap
+        "model": _promoted(attributes, conventions.MODEL_KEYS) or facts.model,
+        "agent_name": _promoted(attributes, conventions.AGENT_NAME_KEYS[:2]) or facts.agent_name,
+    }
+
+
+def _promoted(attributes: dict[str, str], keys: tuple[str, ...]) -> str | None:
+    return next((attributes[k] for k in keys if k in attributes), None)
+
+
+def _write(path: Path, spans: list[dict[str, Any]]) -> Path:
+    doc = {"resourceSpans": [{"resource": {"attributes": []},
+                              "scopeSpans": [{"scope": {"name": "other.framework"}, "spans": spans}]}]}  # fmt: skip
+    path.write_text(json.dumps(doc) + "\n", encoding="utf-8")
+    return path
+
+
+def test_each_span_stores_what_read_span_says_of_it(tmp_path: Path) -> None:
+    root = _span(-1, "invoke_agent main", {"gen_ai.operation.name": "invoke_agent"}, 0, ())
+    root["spanId"] = ROOT
+    del root["parentSpanId"]
+    spans = [root] + [_span(i, *case) for i, case in enumerate(CASES)]
+    db = tmp_path / "store.duckdb"
+    ingest(db, [_write(tmp_path / "spans.jsonl", spans)], capture="full")
+    columns = list(_oracle(*CASES[0]))
+    con = open_store(db, read_only=True)
+    try:
+        rows = con.execute(f"SELECT span_id, {', '.join(columns)} FROM spans WHERE span_id <> '{ROOT}'").fetchall()
+    finally:
+        con.close()
+    stored = {row[0]: dict(zip(columns, row[1:], strict=True)) for row in rows}
+    for i, case in enumerate(CASES):
+        assert stored[f"{i + 1:016x}"] == _oracle(*case), case[0]
+
+
+def test_a_long_record_is_split_into_lines_of_its_resource_and_scope() -> None:
+    spans = [{"spanId": str(i)} for i in range(2 * LINE_SPANS + 5)]
+    doc = {"resourceSpans": [{"resource": {"attributes": [1]}, "schemaUrl": "r",
+                              "scopeSpans": [{"scope": {"name": "s"}, "schemaUrl": "s", "spans": spans}]}]}  # fmt: skip
+    parts = list(split_traces_data(doc))
+    assert [len(p["resourceSpans"][0]["scopeSpans"][0]["spans"]) for p in parts] == [LINE_SPANS, LINE_SPANS, 5]
+    assert all(p["resourceSpans"][0]["resource"] == {"attributes": [1]} for p in parts)
+    assert all(p["resourceSpans"][0]["schemaUrl"] == "r" for p in parts)
+    assert all(p["resourceSpans"][0]["scopeSpans"][0]["scope"] == {"name": "s"} for p in parts)
+    assert [s for p in parts for s in p["resourceSpans"][0]["scopeSpans"][0]["spans"]] == spans
+    small = {"resourceSpans": []}
+    assert list(split_traces_data(small)) == [small]
+
+
+def test_earlier_ids_are_a_view_equal_to_the_tuple() -> None:
+    ids = ["a", "b", "c"]
+    view = EarlierIds(ids, 1, 3)
+    ids.append("d")  # appended after the view was taken: not in it
+    assert view == ("b", "c") and ("b", "c") == view  # noqa: SIM300 (the tuple on the left, too)
+    assert len(view) == 2 and list(view) == ["b", "c"] and view[0] == "b" and view[-1] == "c"
+    assert view != ("b",) and hash(view) == hash(("b", "c")) and repr(view) == "('b', 'c')"
+
+
+def test_a_long_trajectory_of_one_repeated_call_records_every_earlier_call(tmp_path: Path) -> None:
+    calls = LINE_SPANS // 2 + 100  # more spans than one line holds
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    for k in range(calls):
+        call = {"id": f"c{k}", "type": "function", "function": {"name": "bash", "arguments": '{"command": "cat a"}'}}
+        messages += [{"role": "assistant", "content": "", "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": f"c{k}", "content": "same"}]  # fmt: skip
+    path = tmp_path / "long.traj.json"
+    path.write_text(json.dumps({"messages": messages}), encoding="utf-8")
+    db = tmp_path / "store.duckdb"
+    report = ingest(db, [path])
+    assert report.accounting.tool_calls == calls and report.runs == 1
+    con = open_store(db, read_only=True)
+    try:
+        rows = con.execute(
+            "SELECT span_id, ordinal, earlier_node_ids FROM spans WHERE operation = 'execute_tool' ORDER BY start_ns"
+        ).fetchall()
+    finally:
+        con.close()
+    assert [ordinal for _, ordinal, _ in rows] == list(range(1, calls + 1))
+    span_ids = [span_id for span_id, _, _ in rows]
+    assert rows[0][2] is None
+    assert json.loads(rows[-1][2]) == span_ids[:-1]
+    assert json.loads(rows[calls // 2][2]) == span_ids[: calls // 2]
+
+
+def test_a_duckdb_error_inside_the_placement_is_reported_as_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(foreign, "_FOREIGN_UPDATE", "UPDATE spans SET ordinal = CAST(name AS INTEGER)")
+    root = _span(0, "invoke_agent main", {"gen_ai.operation.name": "invoke_agent"}, 0, ())
+    del root["parentSpanId"]
+    with pytest.raises(StoreError) as caught:
+        ingest(tmp_path / "store.duckdb", [_write(tmp_path / "spans.jsonl", [root])])
+    assert "Conversion Error" in str(caught.value)
+    assert "transaction is aborted" not in str(caught.value)
