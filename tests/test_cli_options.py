@@ -120,6 +120,7 @@ def base_arguments(
         "tune": ([], reader),
         "demo": ([], {"--db": str(ctx.folder / "demo.duckdb")}),
         "collect": ([], {"--db": str(ctx.folder / "collect.duckdb"), "--port": "0"}),
+        "derive": ([], {"--clickhouse": ctx.chdb, "--once": None, "--wait": "0"}),
         "dashboard": ([], {k: v for k, v in reader.items() if k != "--format"}),
     }  # fmt: skip
     positionals, options = bases[command]

@@ -160,7 +160,8 @@ BOTH = frozenset({"otlp", "console"})
     [
         ({}, NONE, NONE),  # today's default: nothing without an endpoint
         (ENDPOINT, OTLP, OTLP),
-        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://h:4318/v1/traces"}, OTLP, NONE),  # metrics only where configured
+        # metrics only where configured
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://h:4318/v1/traces"}, OTLP, NONE),
         ({"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://h:4318/v1/metrics"}, NONE, OTLP),
         ({"OTEL_TRACES_EXPORTER": "otlp"}, OTLP, NONE),
         ({"OTEL_TRACES_EXPORTER": "console"}, CONSOLE, NONE),

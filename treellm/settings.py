@@ -237,7 +237,8 @@ TREELLM_CLICKHOUSE_DATABASE: Setting[str, str] = _declare(
     Setting(
         "TREELLM_CLICKHOUSE_DATABASE",
         "str",
-        "the ClickHouse database that holds treellm's views (created if absent) when no `--clickhouse-database`",
+        "the ClickHouse database that holds treellm's tables and views (created if absent) when no "
+        "`--clickhouse-database`",
         default="treellm",
     )
 )

@@ -164,8 +164,9 @@ def _not_owned(database: str, name: str, engine: str) -> NotOwnedError:
 def plan_tables(database: str, existing: Mapping[str, tuple[str, str]]) -> dict[str, bool]:
     """Whether each of treellm's tables in ``database`` is already there (``True``: keep it, add
     the columns it lacks) or to be created (``False``), given the objects by name as (engine,
-    comment) from ``system.tables`` (pure). A name that holds anything but a ``*ReplacingMergeTree``
-    table (``Replicated...`` on a cluster) with treellm's marker raises :class:`NotOwnedError` naming it, before anything is touched."""
+    comment) from ``system.tables`` (pure). A name that holds anything but a
+    ``*ReplacingMergeTree`` table (``Replicated...`` on a cluster) with treellm's marker raises
+    :class:`NotOwnedError` naming it, before anything is touched."""
     plan: dict[str, bool] = {}
     for name in TABLE_NAMES:
         if name in existing:
