@@ -171,7 +171,7 @@ def startup() -> float:
 PHASES = (
     ("treellm.store.ingest", "_stage_piece", "stage: read_json and flatten (transform.py)"),
     ("treellm.store.ingest", "_insert_staged", "insert: anti-join, spans, events, links"),
-    ("treellm.store.foreign", "_read_foreign", "conventions: read each span, update"),
+    ("treellm.store.foreign", "_read_foreign", "conventions: each distinct key once, answers joined"),
     ("treellm.store.foreign", "_place", "trees: runs, nodes, ordinals, update"),
 )
 
@@ -202,7 +202,10 @@ def in_process(path: Path, folder: Path) -> tuple[float, dict[str, float]]:
         ingest = importlib.import_module("treellm.store.ingest").ingest
         t0 = time.perf_counter()
         ingest(folder / "inproc.duckdb", [path])
-        return time.perf_counter() - t0, spent
+        elapsed = time.perf_counter() - t0
+        # the conventions run inside the insert (their answers are written with the new rows)
+        spent[PHASES[1][2]] -= spent[PHASES[2][2]]
+        return elapsed, spent
     finally:
         for module, name, original in originals:
             setattr(module, name, original)

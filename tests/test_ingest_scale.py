@@ -211,7 +211,8 @@ def test_a_long_trajectory_of_one_repeated_call_records_every_earlier_call(tmp_p
 def test_a_duckdb_error_inside_the_placement_is_reported_as_itself(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(foreign, "_FOREIGN_UPDATE", "UPDATE spans SET ordinal = CAST(name AS INTEGER)")
+    failing = "CREATE OR REPLACE TEMP TABLE place_batches AS SELECT CAST(name AS INTEGER) AS batch FROM spans"
+    monkeypatch.setattr(foreign, "_PLACE_BATCHES", failing)
     root = _span(0, "invoke_agent main", {"gen_ai.operation.name": "invoke_agent"}, 0, ())
     del root["parentSpanId"]
     with pytest.raises(StoreError) as caught:

@@ -41,7 +41,7 @@ import hashlib
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Final
 
 import duckdb
 import numpy as np
@@ -56,7 +56,7 @@ from treellm.signature import RawArguments, canonical_json, hash_text, parse_arg
 from treellm.store.trees import Placement, SpanFacts, place_traces
 from treellm.telemetry import conventions
 
-__all__ = ["DEFAULT_INTERNAL", "finish_foreign", "internal_tools"]
+__all__ = ["DEFAULT_INTERNAL", "FOREIGN_COLUMNS", "finish_foreign", "internal_tools", "read_foreign"]
 
 DEFAULT_INTERNAL = frozenset(conventions.DEFAULT_INTERNAL_TOOLS)
 _DEFAULT_RULE = repeats.ToolRule()
@@ -174,8 +174,8 @@ _TRACELOOP_NAME = conventions.TRACELOOP_NAME
 _FOREIGN_INPUT = f"""
 CREATE OR REPLACE TEMP TABLE foreign_in AS
 SELECT f.trace_id, f.span_id,
-       coalesce(f.status_code, 0) = 2 OR coalesce(e.exception, false) AS hard_failed,
-       coalesce(e.caught, false) AS caught,
+       coalesce(f.status_code, 0) = 2 OR coalesce(f.exception, false) AS hard_failed,
+       coalesce(f.caught, false) AS caught,
        CAST(to_json(struct_pack(v := [{", ".join(_value(k) for k in conventions.ROLE_KEYS)}],
                                 m := {_PRESENCE_BITS}, n := {_NAME_CLASS})) AS VARCHAR) AS role_key,
        CAST(to_json(struct_pack(v := [{", ".join(_value(k) for k in conventions.TOOL_NAME_KEYS)}],
@@ -187,14 +187,13 @@ SELECT f.trace_id, f.span_id,
        {_first_value(conventions.CALL_ID_KEYS)} AS call_first,
        {_first_value(conventions.MODEL_KEYS)} AS model_first,
        {_first_value(conventions.AGENT_NAME_KEYS)} AS agent_first
-FROM fresh f
-LEFT JOIN (
-    SELECT trace_id, span_id, bool_or(name = '{conventions.EXCEPTION_EVENT}') AS exception,
-           bool_or(name = '{_CAUGHT}' AND coalesce(attributes['treellm.loop.shadow'], '') <> 'true') AS caught
-    FROM span_events SEMI JOIN fresh USING (trace_id, span_id)
-    GROUP BY trace_id, span_id
-) e USING (trace_id, span_id)
-WHERE f.run_id IS NULL AND f.node_kind IS NULL
+FROM (
+    SELECT *,
+           len(list_filter(events, lambda e: e.name = '{conventions.EXCEPTION_EVENT}')) > 0 AS exception,
+           len(list_filter(events, lambda e: e.name = '{_CAUGHT}'
+               AND coalesce(treellm_attrs(e.attributes)['treellm.loop.shadow'], '') <> 'true')) > 0 AS caught
+    FROM fresh WHERE run_id IS NULL AND node_kind IS NULL
+) f
 """
 """Per new span of another framework, only what :func:`conventions.read_span` reads, as keys of
 its parts: the role's inputs (``role_key``: the values of ``ROLE_KEYS``, a presence bit per
@@ -231,13 +230,8 @@ def _frame(columns: dict[str, Any]) -> pd.DataFrame:
 
 
 _TOOL_ROWS = "FROM foreign_in i JOIN foreign_roles r USING (role_key) WHERE r.role = 'tool' AND NOT i.caught"
-_FOREIGN_UPDATE = """
-UPDATE spans SET convention = u.convention, operation = u.operation, tool_name = u.tool_name,
-    tool_call_id = u.tool_call_id, arguments = u.arguments, result = u.result, signature = u.signature,
-    result_hash = u.result_hash, model = coalesce(spans.model, u.model),
-    agent_name = coalesce(spans.agent_name, u.agent_name), internal = u.internal,
-    node_status = CASE WHEN u.failed AND u.operation = 'execute_tool' THEN 'failed' END
-FROM (
+_FOREIGN_ANSWERS = """
+CREATE OR REPLACE TEMP TABLE foreign_answers AS
     WITH x AS (
         SELECT i.*, r.family,
                CASE WHEN r.role = 'tool' AND i.caught THEN 'other' ELSE r.role END AS role
@@ -259,12 +253,23 @@ FROM (
     LEFT JOIN foreign_args a ON x.role = 'tool' AND a.args_key = x.args_key
     LEFT JOIN foreign_results o ON x.role = 'tool' AND o.result_text = x.result_text
     LEFT JOIN foreign_signatures g ON g.tool = t.tool_name AND g.arguments = coalesce(a.arguments, '')
-) u
-WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id
 """
 """What the conventions say of each new span of another framework, joined from the answers for
 each distinct key (as :func:`conventions.read_span` would say it of the span: a call that LoopGuard
 caught is a span of role ``other``, its event says it did not run)."""
+
+_ANSWERED = ("convention", "operation", "tool_name", "tool_call_id", "arguments", "result", "signature",
+             "result_hash", "internal")  # fmt: skip
+FOREIGN_COLUMNS: Final[dict[str, str]] = {
+    **{column: f"CASE WHEN u.span_id IS NULL THEN f.{column} ELSE u.{column} END" for column in _ANSWERED},
+    "model": "coalesce(f.model, u.model)",
+    "agent_name": "coalesce(f.agent_name, u.agent_name)",
+    "node_status": "CASE WHEN u.span_id IS NULL THEN f.node_status "
+    "WHEN u.failed AND u.operation = 'execute_tool' THEN 'failed' END",
+}
+"""The span columns that the conventions' answers decide: SQL over the new row ``f`` and its answer
+``u`` (``foreign_answers``, joined by ``LEFT JOIN foreign_answers u USING`` nothing but the span's
+keys), for the insert of the new spans (:mod:`treellm.store.ingest`)."""
 
 
 def _role_stub(key: str) -> tuple[str, dict[str, Any]]:
@@ -352,7 +357,7 @@ def _read_calls(con: duckdb.DuckDBPyConnection, internal: frozenset[str]) -> Non
             }
         )
         with _registered(con, foreign_signatures=signatures):
-            con.execute(_FOREIGN_UPDATE)
+            con.execute(_FOREIGN_ANSWERS)
 
 
 # -- runs, trees and ordinals of the traces those spans belong to -------------------------------------
@@ -548,11 +553,33 @@ def _place_batch(con: duckdb.DuckDBPyConnection, batch: int) -> None:
             start, earlier = index + 1, 0
 
 
-def finish_foreign(con: duckdb.DuckDBPyConnection, internal: frozenset[str] | None = None) -> None:
-    """Conventions, runs, trees and ordinals for the new spans (``fresh``) of other frameworks
-    (see the module docstring); ``internal`` defaults to :func:`internal_tools`."""
-    if _read_foreign(con, internal_tools() if internal is None else internal):
+def read_foreign(con: duckdb.DuckDBPyConnection, internal: frozenset[str] | None = None) -> None:
+    """Before the insert: what the conventions say of the new spans (``fresh``) of other frameworks,
+    in the temporary table ``foreign_answers`` (the insert takes :data:`FOREIGN_COLUMNS` from it:
+    the rows are written once, never updated); ``internal`` defaults to :func:`internal_tools`."""
+    if not _read_foreign(con, internal_tools() if internal is None else internal):
+        con.execute("CREATE OR REPLACE TEMP TABLE foreign_answers AS " + _NO_ANSWERS)
+
+
+_NO_ANSWERS = (
+    "SELECT CAST(NULL AS VARCHAR) AS trace_id, CAST(NULL AS VARCHAR) AS span_id, "
+    + ", ".join(f"CAST(NULL AS {'BOOLEAN' if c == 'internal' else 'VARCHAR'}) AS {c}" for c in _ANSWERED)
+    + ", CAST(NULL AS VARCHAR) AS model, CAST(NULL AS VARCHAR) AS agent_name, CAST(NULL AS BOOLEAN) AS failed "
+    "LIMIT 0"
+)
+
+
+def finish_foreign(con: duckdb.DuckDBPyConnection) -> None:
+    """After the insert of the spans :func:`read_foreign` read: runs, trees and ordinals of their
+    traces (see the module docstring)."""
+    if _count_rows(con, "SELECT count(*) FROM foreign_answers"):
         _place(con)
     # Not in a ``finally``: after a DuckDB error the transaction is aborted, a statement here would
-    # hide that error behind "Current transaction is aborted", and the rollback drops the table.
+    # hide that error behind "Current transaction is aborted", and the rollback drops the tables.
     con.execute("DROP TABLE IF EXISTS foreign_in")
+    con.execute("DROP TABLE IF EXISTS foreign_answers")
+
+
+def _count_rows(con: duckdb.DuckDBPyConnection, sql: str) -> int:
+    row = con.execute(sql).fetchone()
+    return int(row[0]) if row else 0

@@ -66,8 +66,12 @@ from treellm.errors import IngestError, StoreError
 from treellm.exporters.jsonl import end_of_last_line
 from treellm.otlp import Normalized, StructureError, json_line, normalize_traces_data
 from treellm.store.connection import open_store
+from treellm.store.foreign import (
+    FOREIGN_COLUMNS,
+    internal_tools,  # noqa: F401  (read here by callers of ingest)
+)
 from treellm.store.foreign import finish_foreign as _finish_foreign
-from treellm.store.foreign import internal_tools  # noqa: F401  (read here by callers of ingest)
+from treellm.store.foreign import read_foreign as _read_foreign
 from treellm.store.formats import InputFormat, detect_format, iter_records
 from treellm.store.schema import SPAN_COLUMNS
 from treellm.store.transform import (
@@ -357,8 +361,13 @@ def _insert_staged(con: duckdb.DuckDBPyConnection) -> tuple[int, int]:
     con.execute(f"CREATE OR REPLACE TEMP VIEW fresh AS {fresh}")
     staged = _count(con, "SELECT count(*) FROM stage")
     new = _count(con, "SELECT count(*) FROM fresh")
+    _read_foreign(con)  # what the conventions say of the new spans of other frameworks: written with them
     columns = ", ".join(SPAN_COLUMNS)
-    con.execute(f"INSERT INTO spans ({columns}) SELECT {columns} FROM fresh")
+    values = ", ".join(f"{FOREIGN_COLUMNS.get(column, f'f.{column}')} AS {column}" for column in SPAN_COLUMNS)
+    con.execute(
+        f"INSERT INTO spans ({columns}) SELECT {values} FROM fresh f "
+        "LEFT JOIN foreign_answers u ON u.trace_id = f.trace_id AND u.span_id = f.span_id"
+    )
     con.execute(
         """
         INSERT INTO span_events
