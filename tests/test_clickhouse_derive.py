@@ -36,6 +36,7 @@ from treellm.store.clickhouse_derive import (
     underived,
 )
 from treellm.store.formats import detect_format, iter_traces_data
+from treellm.store.transform import WRITTEN_BACK
 
 ROOT = Path(__file__).resolve().parents[1]
 # other frameworks' spans as their real instrumentors recorded them, and any-agent's traces
@@ -272,3 +273,31 @@ def test_a_worker_serves_its_progress_on_health_and_stops_when_told(connect: Con
         server.shutdown()
         server.server_close()
     assert not worker.is_alive()
+
+
+def legacy_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows as ``ingest --clickhouse`` wrote them before ``derive`` existed: treellm's own spans kept
+    their promoted attributes only as ``treellm.derived.<column>``, every row marked with its file."""
+    keys = {key: column for column, key in WRITTEN_BACK.items()}
+    out = []
+    for row in rows:
+        attributes = dict(row["SpanAttributes"])
+        if row["ScopeName"] == "treellm" and "treellm.run.id" in attributes:
+            attributes = {(f"treellm.derived.{keys[k]}" if k in keys else k): v for k, v in attributes.items()}
+        attributes["treellm.derived.source"] = "sample_traces/x.jsonl"
+        out.append({**row, "SpanAttributes": attributes})
+    return out
+
+
+def test_rows_an_older_ingest_clickhouse_wrote_derive_to_the_same_report(connect: Connect, duck_samples: Any) -> None:
+    ch = connect("legacy", None)
+    rows = legacy_rows([row for path in SAMPLES for row in file_rows(path)])
+    assert any("treellm.derived.run_id" in r["SpanAttributes"] for r in rows)
+    insert(ch, rows)
+    run_derive(ch, wait_s=0, once=True)
+    assert A.report(ch) == A.report(duck_samples)
+    assert A.tune(ch) == A.tune(duck_samples)
+    leftovers = ch.df(
+        "SELECT count() AS n FROM spans WHERE arrayExists(k -> startsWith(k, 'treellm.derived.'), mapKeys(attributes))"
+    )
+    assert int(leftovers["n"][0]) == 0

@@ -49,6 +49,8 @@ from treellm.errors import ConfigError
 from treellm.store.clickhouse import ClickHouseConnection
 from treellm.store.clickhouse_views import DERIVED_SPANS, DERIVED_TRACES
 from treellm.store.ingest import BadRecord, ingest
+from treellm.store.transform import WRITTEN_BACK
+from treellm.telemetry import semconv as sc
 
 __all__ = [
     "MAX_TRACES", "DeriveHealth", "DeriveReport", "Shard", "derive_once", "derive_rows_sql", "otlp_lines_sql",
@@ -180,6 +182,24 @@ def _kv(column: str) -> str:
     )
 
 
+_LEGACY_KEYS: Final = "MAP {" + ", ".join(f"'{_LEGACY_PREFIX}{c}': '{k}'" for c, k in WRITTEN_BACK.items()) + "}"
+
+
+def _span_kv(column: str) -> str:
+    """A span's attributes as :func:`_kv` gives them; except that a row of treellm's own scope
+    written by an older ``ingest --clickhouse`` (marked by ``treellm.derived.source``) kept its
+    promoted attributes only as ``treellm.derived.<column>``: those get their own keys back."""
+    legacy = (
+        f"list_transform(list_filter(map_entries({column}), lambda kv: NOT starts_with(kv.key, '{_LEGACY_PREFIX}') "
+        f"OR {_LEGACY_KEYS}[kv.key] IS NOT NULL), lambda kv: {{'key': coalesce({_LEGACY_KEYS}[kv.key], kv.key), "
+        "'value': {'stringValue': kv.value}})"
+    )
+    return (
+        f"CASE WHEN scope_name = '{sc.INSTRUMENTATION_NAME}' AND {column}['{_LEGACY_PREFIX}source'] IS NOT NULL "
+        f"THEN {legacy} ELSE {_kv(column)} END"
+    )
+
+
 _ROW_COLUMNS: Final = (
     "{'trace_id': 'VARCHAR', 'span_id': 'VARCHAR', 'parent_span_id': 'VARCHAR', 'trace_state': 'VARCHAR', "
     "'name': 'VARCHAR', 'kind': 'VARCHAR', 'start_ns': 'BIGINT', 'duration': 'BIGINT', "
@@ -217,7 +237,7 @@ COPY (
         SELECT trace_id, to_json(resource) AS resource_key, resource, scope_name, scope_version, start_ns, span_id,
             {{'traceId': trace_id, 'spanId': span_id, 'parentSpanId': parent_span_id, 'traceState': trace_state,
               'name': name, 'kind': {kind}, 'startTimeUnixNano': CAST(start_ns AS VARCHAR),
-              'endTimeUnixNano': CAST(start_ns + duration AS VARCHAR), 'attributes': {_kv("attributes")},
+              'endTimeUnixNano': CAST(start_ns + duration AS VARCHAR), 'attributes': {_span_kv("attributes")},
               'events': list_transform(range(1, len(event_names) + 1), lambda i: {{
                   'timeUnixNano': CAST(event_times[i] AS VARCHAR), 'name': event_names[i],
                   'attributes': {_kv("event_attributes[i]")}}}),
