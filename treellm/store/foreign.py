@@ -1,15 +1,24 @@
 """The placement of other frameworks' spans: conventions, runs, trees and ordinals, inside an ingest.
 
-Contract: :func:`finish_foreign` runs inside the caller's transaction, over the temporary
-view ``fresh`` (the spans an ingest has just inserted), and writes the columns that
-:mod:`treellm.telemetry.conventions` and :mod:`treellm.store.trees` derive for them; it
-never commits, and it raises whatever DuckDB raises. The rules are theirs; this module
-only moves data, so that the work done per span in Python is as small as the rules allow:
+Contract: both functions run inside the caller's transaction, never commit, and raise
+whatever DuckDB raises. :func:`read_foreign` runs before the insert, over the temporary view
+``fresh`` (the spans an ingest is about to insert), and leaves what
+:mod:`treellm.telemetry.conventions` says of them in ``foreign_answers``, which the insert joins
+in (:data:`FOREIGN_COLUMNS`): those columns are written once, with the row. :func:`finish_foreign`
+runs after the insert and writes what :mod:`treellm.store.trees` derives for their traces. The
+rules are theirs; this module only moves data, so that the work done in Python is as small as
+the rules allow:
 
-- DuckDB hands over, per span, only what :func:`~treellm.telemetry.conventions.read_span`
-  reads (the items of ``READ_KEYS``, a flag per ``PRESENCE_PREFIXES`` prefix, two event
-  flags), as one JSON text; spans with equal inputs are read once (their answers are
-  equal), and the answers go back as two Arrow tables joined in SQL, never row by row.
+- The conventions are read once per distinct key, never per span: DuckDB splits each span's
+  inputs into the role's (the values of ``ROLE_KEYS``, a presence bit per ``MARKER_KEYS`` key
+  and ``PRESENCE_PREFIXES`` prefix, the name's first ``NAME_PREFIXES`` match), the tool name's,
+  the arguments' and the result's text, and takes the first call id, model and agent name in
+  SQL; Python answers each distinct key (``role_of``, ``tool_name_of``, ``arguments_of``,
+  ``result_of``: the rules of ``read_span``), and the signature and result hash per distinct
+  value; the answers go back as tables joined in SQL.
+- The trees are placed a batch of whole traces (about :data:`_PLACE_SPANS` spans) at a time, and
+  their answer goes back in bounded updates; a call's earlier identical calls are views of one
+  list per key (:class:`treellm.store.trees.EarlierIds`), never a tuple per call.
 - Whole traces are placed again whenever one of their spans arrives, so spans stored
   before their run's root (a batch exporter sends children first) move to that run.
 - A placement again never reads what the redaction rewrote: when a counted call is first
