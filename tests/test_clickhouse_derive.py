@@ -202,6 +202,10 @@ def test_a_trace_waits_for_its_quiet_window_and_retried_rows_count_once(connect:
     assert late.traces == len({r["TraceId"] for r in rows}) and late.spans == len(rows)
     assert late.waiting == 0 and late.lag_s == 0
     assert int(ch.df("SELECT count() AS n FROM spans")["n"][0]) == len(rows)
+    ahead = [{**r, "TraceId": "f" * 31 + "1", "Timestamp": "2200-01-01 00:00:00.000000000"} for r in rows[:3]]
+    insert(ch, ahead)  # a clock ahead of this one stamped these
+    assert derive_once(ch, wait_s=60, now_ns=last + 61 * 10**9).waiting == 1
+    assert derive_once(ch, wait_s=0).traces == 1  # no quiet window: nothing is held back
 
 
 def test_the_derive_command_and_the_reports_warning(

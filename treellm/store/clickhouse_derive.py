@@ -322,7 +322,8 @@ def derive_once(
     now = time.time_ns() if now_ns is None else now_ns
     version = time.time_ns()
     due = ch.df(_due_sql(ch.table, ch.database), [shard.count, shard.index])
-    ready_mask = due["last_ns"] <= now - int(wait_s * 1e9)
+    # wait 0: no quiet window at all, so a trace stamped ahead of this clock (skew) is not held
+    ready_mask = due["last_ns"] <= now - int(wait_s * 1e9) if wait_s > 0 else due["last_ns"].notna()
     ready, waiting = due[ready_mask], due[~ready_mask]
     chosen: dict[str, tuple[int, int]] = {}
     total = 0
