@@ -308,6 +308,88 @@ def underived(ch: ClickHouseConnection) -> int:
     return int(found["n"][0])
 
 
+@dataclass(frozen=True, slots=True)
+class _Due:
+    """One scan of what is due: the ready traces in order (trace id -> (spans, last end ns)) and
+    the traces still inside their quiet window."""
+
+    ready: dict[str, tuple[int, int]]
+    waiting_last_ns: tuple[int, ...]
+    now_ns: int
+
+
+def _scan(ch: ClickHouseConnection, shard: Shard, wait_s: float, now_ns: int | None) -> _Due:
+    now = time.time_ns() if now_ns is None else now_ns
+    due = ch.df(_due_sql(ch.table, ch.database), [shard.count, shard.index])
+    # wait 0: no quiet window at all, so a trace stamped ahead of this clock (skew) is not held
+    ready_mask = due["last_ns"] <= now - int(wait_s * 1e9) if wait_s > 0 else due["last_ns"].notna()
+    ready, waiting = due[ready_mask], due[~ready_mask]
+    columns = zip(ready["trace_id"], ready["spans"], ready["last_ns"], strict=True)
+    traces = {str(t): (int(n), int(last)) for t, n, last in columns}
+    return _Due(traces, tuple(int(x) for x in waiting["last_ns"]), now)
+
+
+def _chunks(ready: dict[str, tuple[int, int]], batch_spans: int) -> Iterator[dict[str, tuple[int, int]]]:
+    """The ready traces in passes of at most ``batch_spans`` spans of whole traces (a larger trace
+    alone) and :data:`MAX_TRACES` traces."""
+    chunk: dict[str, tuple[int, int]] = {}
+    total = 0
+    for trace, counts in ready.items():
+        if chunk and (total + counts[0] > batch_spans or len(chunk) >= MAX_TRACES):
+            yield chunk
+            chunk, total = {}, 0
+        chunk[trace] = counts
+        total += counts[0]
+    if chunk:
+        yield chunk
+
+
+def _derive(
+    ch: ClickHouseConnection, chosen: dict[str, tuple[int, int]], shard: Shard
+) -> tuple[int, int, int, tuple[BadRecord, ...]]:
+    """Derive the traces ``chosen`` into treellm's tables: (spans read, spans written, runs, bad spans)."""
+    version = time.time_ns()
+    with tempfile.TemporaryDirectory(prefix="treellm-derive-") as folder:
+        rows, otlp, db = (Path(folder) / name for name in ("rows.jsonl", "spans.jsonl", "derive.duckdb"))
+        exported = ch.export_rows(_export_sql(ch.table), [list(chosen)])
+        spans_read = exported.count(b"\n")
+        rows.write_bytes(exported)
+        del exported
+        with duckdb.connect() as con:
+            con.execute(otlp_lines_sql(str(rows), str(otlp)))
+        report = ingest(db, [otlp], "otlp-jsonl", skip_bad=True)
+        with duckdb.connect(str(db)) as con:
+            con.execute("UPDATE spans SET source = ?", [ch.table])
+            written = write_derived(con, ch, list(chosen), version)
+    record_traces(ch, chosen, shard, version)
+    return spans_read, written, report.runs, report.bad_records
+
+
+def _passes(
+    ch: ClickHouseConnection, shard: Shard, wait_s: float, batch_spans: int, now_ns: int | None, *, limit: int | None
+) -> Iterator[DeriveReport]:
+    """One scan, then a pass per chunk of what it found ready (at most ``limit`` passes): each
+    pass's report says what is still due and waiting after it, and the lag."""
+    due = _scan(ch, shard, wait_s, now_ns)
+    chunks = list(_chunks(due.ready, batch_spans))
+    left = len(due.ready)
+    for number, chosen in enumerate(chunks or [{}]):
+        if limit is not None and number >= limit:
+            return
+        read = written = runs = 0
+        bad: tuple[BadRecord, ...] = ()
+        if chosen:
+            read, written, runs, bad = _derive(ch, chosen, shard)
+        left -= len(chosen)
+        rest = [last for chunk in chunks[number + 1 :] for _, last in chunk.values()]
+        behind = [*rest, *due.waiting_last_ns]
+        lag = max(0.0, (due.now_ns - min(behind)) / 1e9) if behind else 0.0
+        yield DeriveReport(
+            shard=str(shard), traces=len(chosen), spans_read=read, spans=written, runs=runs, due=left,
+            waiting=len(due.waiting_last_ns), lag_s=lag, bad_records=bad,
+        )  # fmt: skip
+
+
 def derive_once(
     ch: ClickHouseConnection,
     *,
@@ -319,43 +401,7 @@ def derive_once(
     """One pass: derive the due traces of ``shard`` (at most ``batch_spans`` spans of whole traces,
     at most :data:`MAX_TRACES` traces) into treellm's tables; ``now_ns`` (default the clock)
     decides which quiet windows have passed."""
-    now = time.time_ns() if now_ns is None else now_ns
-    version = time.time_ns()
-    due = ch.df(_due_sql(ch.table, ch.database), [shard.count, shard.index])
-    # wait 0: no quiet window at all, so a trace stamped ahead of this clock (skew) is not held
-    ready_mask = due["last_ns"] <= now - int(wait_s * 1e9) if wait_s > 0 else due["last_ns"].notna()
-    ready, waiting = due[ready_mask], due[~ready_mask]
-    chosen: dict[str, tuple[int, int]] = {}
-    total = 0
-    for trace, spans, last in zip(ready["trace_id"], ready["spans"], ready["last_ns"], strict=True):
-        if chosen and (total + int(spans) > batch_spans or len(chosen) >= MAX_TRACES):
-            break
-        chosen[str(trace)] = (int(spans), int(last))
-        total += int(spans)
-    left = ready.iloc[len(chosen) :]
-    behind = [int(x) for frame in (left, waiting) if len(frame) for x in (frame["last_ns"].min(),)]
-    lag = max(0.0, (now - min(behind)) / 1e9) if behind else 0.0
-    spans_read = written = runs = 0
-    bad: tuple[BadRecord, ...] = ()
-    if chosen:
-        with tempfile.TemporaryDirectory(prefix="treellm-derive-") as folder:
-            rows, otlp, db = (Path(folder) / name for name in ("rows.jsonl", "spans.jsonl", "derive.duckdb"))
-            exported = ch.export_rows(_export_sql(ch.table), [list(chosen)])
-            spans_read = exported.count(b"\n")
-            rows.write_bytes(exported)
-            del exported
-            with duckdb.connect() as con:
-                con.execute(otlp_lines_sql(str(rows), str(otlp)))
-            report = ingest(db, [otlp], "otlp-jsonl", skip_bad=True)
-            bad, runs = report.bad_records, report.runs
-            with duckdb.connect(str(db)) as con:
-                con.execute("UPDATE spans SET source = ?", [ch.table])
-                written = write_derived(con, ch, list(chosen), version)
-        record_traces(ch, chosen, shard, version)
-    return DeriveReport(
-        shard=str(shard), traces=len(chosen), spans_read=spans_read, spans=written, runs=runs, due=len(left),
-        waiting=len(waiting), lag_s=lag, bad_records=bad,
-    )  # fmt: skip
+    return next(_passes(ch, shard, wait_s, batch_spans, now_ns, limit=1))
 
 
 def run_derive(
@@ -370,20 +416,26 @@ def run_derive(
     stop: Callable[[], bool] = lambda: False,
     sleep: Callable[[float], None] = time.sleep,
 ) -> list[DeriveReport]:
-    """Derive until nothing is due (``once``: every due trace, pass after pass, then return), or
-    forever, sleeping ``interval_s`` when a pass found nothing, until ``stop()``. ``report`` sees
+    """Derive until nothing is due (``once``: every due trace, then return), or forever, sleeping
+    ``interval_s`` when a scan found nothing ready, until ``stop()``. Each scan of the spans table
+    feeds as many passes as its ready traces need (one scan, not one per pass). ``report`` sees
     each pass; the passes are returned (``once``) or the last one (continuous)."""
     passes: list[DeriveReport] = []
     while not stop():
-        done = derive_once(ch, shard=shard, wait_s=wait_s, batch_spans=batch_spans)
-        if report is not None:
-            report(done)
-        passes = [*passes, done] if once else [done]
-        if done.due:
-            continue
-        if once:
+        found = 0
+        for done in _passes(ch, shard, wait_s, batch_spans, None, limit=None):
+            if once and passes and not done.traces:
+                break  # the scan after the last pass found nothing more: said by that pass already
+            if report is not None:
+                report(done)
+            passes = [*passes, done] if once else [done]
+            found += done.traces
+            if stop():
+                break
+        if once and not found:
             break
-        sleep(interval_s)
+        if not found:
+            sleep(interval_s)
     return passes
 
 
