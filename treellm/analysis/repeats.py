@@ -230,16 +230,29 @@ def _earlier(raw: Any) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else []
 
 
-_SQL = f"""
+_RUNS_WITH = f"""
 WITH calls AS ({CALLS_SQL}),
 runs_with AS (SELECT DISTINCT run_id FROM calls c WHERE {{where}}
               GROUP BY run_id, tool, signature HAVING count(*) >= 2)
+"""
+_SQL = (
+    _RUNS_WITH
+    + """
 SELECT c.trace_id, c.span_id, c.run_id, c.node_id, c.parent_id, c.tool, c.signature, c.ordinal, c.status,
        c.result_hash, c.arguments, s.tool_call_id AS call_id
 FROM calls c JOIN spans s USING (trace_id, span_id)
 WHERE c.run_id IN (SELECT run_id FROM runs_with)
 ORDER BY c.run_id, c.start_ns, c.span_id
 """
+)
+# The think nodes of the same runs: the runs are chosen again in SQL (the same filter), never
+# sent back as one parameter per run (tens of thousands of them overflow a query's size).
+_NODES_SQL = (
+    _RUNS_WITH
+    + """
+SELECT run_id, node_id, parent_id FROM nodes WHERE run_id IN (SELECT run_id FROM runs_with)
+"""
+)
 
 
 def _ancestors(node: str | None, parents: dict[str, str | None]) -> frozenset[str | None]:
@@ -278,9 +291,8 @@ def repeats(con: StoreConnection, filters: Filters | None = None) -> pd.DataFram
     rows = load_calls(con, filters)
     if not rows:
         return pd.DataFrame([], columns=REPEAT_COLUMNS)
-    run_ids = sorted({r[2] for r in rows})
-    marks = ", ".join("?" for _ in run_ids)
-    think = _rows(engine, f"SELECT run_id, node_id, parent_id FROM nodes WHERE run_id IN ({marks})", run_ids)
+    where, params = (filters or Filters()).where("c")
+    think = _rows(engine, _NODES_SQL.format(where=where), params)
     parents: dict[str, dict[str, str | None]] = {}
     for run_id, node_id, parent_id in think:
         parents.setdefault(run_id, {})[node_id] = parent_id
