@@ -9,6 +9,7 @@ its own spans table and treellm database in it.
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import urllib.error
 import urllib.request
@@ -35,6 +36,7 @@ from treellm.store.clickhouse_derive import (
     serve_health,
     underived,
 )
+from treellm.store.clickhouse_ingest import ingest_clickhouse
 from treellm.store.formats import detect_format, iter_traces_data
 from treellm.store.transform import WRITTEN_BACK
 
@@ -305,3 +307,12 @@ def test_rows_an_older_ingest_clickhouse_wrote_derive_to_the_same_report(connect
         "SELECT count() AS n FROM spans WHERE arrayExists(k -> startsWith(k, 'treellm.derived.'), mapKeys(attributes))"
     )
     assert int(leftovers["n"][0]) == 0
+
+
+def test_ingest_into_clickhouse_lists_the_files_it_skipped(connect: Connect, tmp_path: Path) -> None:
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    shutil.copy(SAMPLES[0], folder / SAMPLES[0].name)
+    (folder / "notes.txt").write_text("not a trace\n", encoding="utf-8")
+    report = ingest_clickhouse(connect("skipped", None), [folder])
+    assert report.spans > 0 and report.skipped_files == (str(folder / "notes.txt"),)

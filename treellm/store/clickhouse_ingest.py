@@ -180,4 +180,5 @@ def ingest_clickhouse(
         empty_files=report.empty_files,
         bad_records=report.bad_records,
         details=report.details,
+        skipped_files=report.skipped_files,
     )
