@@ -12,7 +12,9 @@ that DuckDB ingest runs, so ClickHouse reports what DuckDB reports for the same 
    tail-sampling processor waits ``decision_wait``). The recorded counts are the watermark:
    they live in ClickHouse, so a restarted worker loses and duplicates nothing, and a span
    that arrives late, whatever its timestamp, re-derives its trace.
-2. **Derive.** The due traces' rows (at most ``batch_spans`` a pass, whole traces) are read
+2. **Derive.** One scan of the spans table finds what is due; its ready traces are derived in
+   passes of at most ``batch_spans`` spans of whole traces (and :data:`MAX_TRACES` traces),
+   oldest first. Each pass's rows are read
    as JSONEachRow, turned into OTLP/JSON lines by DuckDB (attribute values as the exporter
    wrote them: text) and ingested into a private DuckDB store in a temporary folder: the
    validator (a bad span is skipped and counted), the conventions, runs and trees,
