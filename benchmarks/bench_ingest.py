@@ -16,15 +16,14 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import duckdb
+from child_peak import run_with_peak
 
-ROOT = Path(__file__).resolve().parent.parent
 SPANS_PER_TRACE = 60
 
 
@@ -112,27 +111,12 @@ def whole_command(path: Path, folder: Path) -> tuple[float, float, dict[str, obj
     """Run ``treellm ingest`` as a subprocess; its peak RSS is read from /proc (VmHWM),
     which starts afresh at exec (``getrusage`` would count the pages the fork inherited)."""
     db = folder / "store.duckdb"
-    t0 = time.perf_counter()
-    with subprocess.Popen(
-        [sys.executable, "-m", "treellm", "ingest", str(path), "--db", str(db),
-         "--input-format", "otlp-jsonl", "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-    ) as child:  # fmt: skip
-        peak_kb = 0
-        status = Path(f"/proc/{child.pid}/status")
-        while child.poll() is None:
-            try:
-                for line in status.read_text().splitlines():
-                    if line.startswith("VmHWM:"):
-                        peak_kb = max(peak_kb, int(line.split()[1]))
-            except OSError:
-                break
-            time.sleep(0.05)
-        out, err = child.communicate()
-    elapsed = time.perf_counter() - t0
+    ingest = ["ingest", str(path), "--db", str(db), "--input-format", "otlp-jsonl", "--json"]
+    child = run_with_peak([sys.executable, "-m", "treellm", *ingest])
+    elapsed, out, err = child.seconds, child.out, child.err
     if child.returncode != 0:
         raise RuntimeError(err)
-    return elapsed, peak_kb / 1024, json.loads(out)
+    return elapsed, child.peak_mb, json.loads(out)
 
 
 def primary_key_variant(path: Path, folder: Path) -> tuple[float, float]:

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+from child_peak import ROOT, run_with_peak
 
-ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ("read_file", "grep", "run_tests", "web_search", "fetch_url", "list_dir")
 
 
@@ -139,26 +139,11 @@ def floor(path: Path, folder: Path) -> float:
 def whole_command(path: Path, folder: Path) -> tuple[float, float, dict[str, object]]:
     """``treellm ingest`` as a subprocess; peak RSS from /proc (VmHWM starts afresh at exec)."""
     db = folder / "store.duckdb"
-    t0 = time.perf_counter()
-    with subprocess.Popen(
-        [sys.executable, "-m", "treellm", "ingest", str(path), "--db", str(db), "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-    ) as child:  # fmt: skip
-        peak_kb = 0
-        status = Path(f"/proc/{child.pid}/status")
-        while child.poll() is None:
-            try:
-                for line in status.read_text().splitlines():
-                    if line.startswith("VmHWM:"):
-                        peak_kb = max(peak_kb, int(line.split()[1]))
-            except OSError:
-                break
-            time.sleep(0.05)
-        out, err = child.communicate()
-    elapsed = time.perf_counter() - t0
+    child = run_with_peak([sys.executable, "-m", "treellm", "ingest", str(path), "--db", str(db), "--json"])
+    elapsed, out, err = child.seconds, child.out, child.err
     if child.returncode != 0:
         raise RuntimeError(err)
-    return elapsed, peak_kb / 1024, json.loads(out)
+    return elapsed, child.peak_mb, json.loads(out)
 
 
 def startup() -> float:

@@ -25,13 +25,12 @@ import json
 import os
 import random
 import resource
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from child_peak import run_with_peak
+
 FILES = [f"src/pkg/module_{i}.py" for i in range(300)]
 
 
@@ -95,26 +94,11 @@ def ingest_peak(path: Path, db: Path) -> tuple[float, float, float, str]:
     for stale in db.parent.glob(db.name + "*"):
         stale.unlink()
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    t0 = time.perf_counter()
-    with subprocess.Popen(
-        [sys.executable, "-m", "treellm", "ingest", str(path), "--db", str(db), "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-    ) as child:  # fmt: skip
-        peak_kb = 0
-        status = Path(f"/proc/{child.pid}/status")
-        while child.poll() is None:
-            try:
-                for line in status.read_text().splitlines():
-                    if line.startswith("VmHWM:"):
-                        peak_kb = max(peak_kb, int(line.split()[1]))
-            except OSError:
-                break
-            time.sleep(0.05)
-        _, err = child.communicate()
-    elapsed = time.perf_counter() - t0
+    child = run_with_peak([sys.executable, "-m", "treellm", "ingest", str(path), "--db", str(db), "--json"])
+    elapsed, err = child.seconds, child.err
     after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest child so far
     error = "" if child.returncode == 0 else err.strip().splitlines()[-1][:120]
-    return elapsed, peak_kb / 1024, max(after, before) / 1024, error
+    return elapsed, child.peak_mb, max(after, before) / 1024, error
 
 
 def main() -> None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
+
+from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
 
 from treellm import ModelRequest, ModelTurn
 
@@ -45,3 +48,15 @@ def by_depth(turns: dict[int, ModelTurn], default: ModelTurn | None = None) -> C
         return default or ModelTurn(text="done")
 
     return respond
+
+
+def recorded_requests(path: Path) -> list[TracesData]:
+    """The OTLP export requests of a recorded framework trace (``tests/data/frameworks/*.pb``):
+    each a 4-byte big-endian length, then a serialized ``TracesData``."""
+    data = path.read_bytes()
+    out, pos = [], 0
+    while pos < len(data):
+        size = int.from_bytes(data[pos : pos + 4], "big")
+        out.append(TracesData.FromString(data[pos + 4 : pos + 4 + size]))
+        pos += 4 + size
+    return out

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
+from helpers import recorded_requests
 
 from treellm.analysis.report import report
 from treellm.store import ingest, open_store
@@ -27,17 +27,6 @@ DATA = ROOT / "tests" / "data"
 SAMPLE = ROOT / "sample_traces" / "branch_local_loop.jsonl"
 RECORDED = sorted((DATA / "frameworks").rglob("*.pb"))
 MINI_SWE = sorted((DATA / "mini-swe-agent").rglob("*.traj.json"))
-
-
-def _records(path: Path) -> list[TracesData]:
-    """The length-prefixed OTLP requests of a recorded framework trace."""
-    data = path.read_bytes()
-    out, pos = [], 0
-    while pos < len(data):
-        size = int.from_bytes(data[pos : pos + 4], "big")
-        out.append(TracesData.FromString(data[pos + 4 : pos + 4 + size]))
-        pos += 4 + size
-    return out
 
 
 def _adds_up(accounting: Accounting, spans: int) -> None:
@@ -56,7 +45,9 @@ def _count(db: Path, sql: str) -> Any:
 
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)
 def test_a_recorded_framework_trace_is_accounted_for_span_by_span(path: Path, tmp_path: Path) -> None:
-    spans = sum(len(ss.spans) for record in _records(path) for rs in record.resource_spans for ss in rs.scope_spans)
+    spans = sum(
+        len(ss.spans) for record in recorded_requests(path) for rs in record.resource_spans for ss in rs.scope_spans
+    )
     db = tmp_path / "t.duckdb"
     result = ingest(db, [path])
     assert result.spans == spans

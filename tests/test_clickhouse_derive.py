@@ -66,22 +66,22 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("derive")
 
 
-@pytest.fixture(scope="module")
-def duck_foreign(folder: Path) -> Iterator[Any]:
-    db = folder / "foreign.duckdb"
-    ingest(db, FOREIGN)
+def _duckdb(db: Path, files: list[Path]) -> Iterator[Any]:
+    """The same files ingested into a DuckDB store: what the ClickHouse side must equal."""
+    ingest(db, files)
     con = open_store(db, read_only=True)
     yield con
     con.close()
+
+
+@pytest.fixture(scope="module")
+def duck_foreign(folder: Path) -> Iterator[Any]:
+    yield from _duckdb(folder / "foreign.duckdb", FOREIGN)
 
 
 @pytest.fixture(scope="module")
 def duck_samples(folder: Path) -> Iterator[Any]:
-    db = folder / "samples.duckdb"
-    ingest(db, SAMPLES)
-    con = open_store(db, read_only=True)
-    yield con
-    con.close()
+    yield from _duckdb(folder / "samples.duckdb", SAMPLES)
 
 
 Connect = Callable[[str, str | None], ClickHouseConnection]
@@ -316,3 +316,13 @@ def test_ingest_into_clickhouse_lists_the_files_it_skipped(connect: Connect, tmp
     (folder / "notes.txt").write_text("not a trace\n", encoding="utf-8")
     report = ingest_clickhouse(connect("skipped", None), [folder])
     assert report.spans > 0 and report.skipped_files == (str(folder / "notes.txt"),)
+
+
+def test_a_span_the_validator_refuses_is_reported_never_skipped_in_silence(connect: Connect) -> None:
+    ch = connect("refused", None)
+    rows = file_rows(SAMPLES[0])
+    insert(ch, [*rows, {**rows[0], "TraceId": "not-a-trace-id", "SpanId": "0123456789abcdef"}])
+    passes = run_derive(ch, wait_s=0, once=True)
+    bad = [b for p in passes for b in p.bad_records]
+    assert len(bad) == 1 and "trace" in bad[0].reason.lower()
+    assert sum(p.spans for p in passes) == len(rows) and underived(ch) == 0  # recorded: not derived again

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import recorded_requests
 from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
 
 from treellm.collector import Collector, CollectorConfig
@@ -113,16 +114,6 @@ def test_an_agent_shape_through_a_file_is_one_run_per_scripted_run(name: str, sh
 # -- the recorded traces: fast, no framework needed -------------------------------------------------------
 
 
-def _records(path: Path) -> list[TracesData]:
-    data = path.read_bytes()
-    out, pos = [], 0
-    while pos < len(data):
-        size = int.from_bytes(data[pos : pos + 4], "big")
-        out.append(TracesData.FromString(data[pos + 4 : pos + 4 + size]))
-        pos += 4 + size
-    return out
-
-
 def _attributes(span: Any) -> dict[str, str]:
     out = {}
     for kv in span.attributes:
@@ -169,7 +160,7 @@ def test_a_recorded_trace_counts_like_its_script(path: Path, tmp_path: Path) -> 
 def test_spans_that_arrive_before_their_root_join_its_run(path: Path, tmp_path: Path) -> None:
     """A batch exporter often sends children first: the roots arrive last, in a second file."""
     children, roots = [], []
-    for record in _records(path):
+    for record in recorded_requests(path):
         for resource_spans in record.resource_spans:
             for scope_spans in resource_spans.scope_spans:
                 for span in scope_spans.spans:
@@ -198,7 +189,7 @@ def test_spans_that_arrive_before_their_root_join_its_run(path: Path, tmp_path: 
 def test_a_trace_whose_first_half_arrives_alone_is_one_run_once_the_rest_arrives(path: Path, tmp_path: Path) -> None:
     """Two collector batches cut each trace in time order: the first holds no root, the
     second the rest (its root last); the first placement is provisional, the second final."""
-    spans = [(record, rs, ss, span) for record in _records(path) for rs in record.resource_spans
+    spans = [(record, rs, ss, span) for record in recorded_requests(path) for rs in record.resource_spans
              for ss in rs.scope_spans for span in ss.spans]  # fmt: skip
     ordered = sorted(spans, key=lambda item: item[3].end_time_unix_nano)
     first, second = ordered[: len(ordered) // 2], ordered[len(ordered) // 2 :]
@@ -228,7 +219,7 @@ def test_the_conventions_read_each_tool_span_as_the_call_the_script_made(name: s
                 expected_calls.add((call.tool, json.dumps(dict(call.arguments), sort_keys=True)))
                 expected_results.add(box.call(call.tool, call.arguments))
     seen = 0
-    for record in _records(RECORDED / f"{name}.pb"):
+    for record in recorded_requests(RECORDED / f"{name}.pb"):
         for resource_spans in record.resource_spans:
             for scope_spans in resource_spans.scope_spans:
                 for span in scope_spans.spans:

@@ -55,8 +55,9 @@ from treellm.store.transform import WRITTEN_BACK
 from treellm.telemetry import semconv as sc
 
 __all__ = [
-    "MAX_TRACES", "DeriveHealth", "DeriveReport", "Shard", "derive_once", "derive_rows_sql", "otlp_lines_sql",
-    "parse_shard", "record_traces", "run_derive", "serve_health", "timestamp_sql", "underived", "write_derived",
+    "MAX_TRACES", "DeriveHealth", "DeriveReport", "Shard", "derive_once", "derive_rows_sql", "events_sql",
+    "otlp_lines_sql", "parse_shard", "record_traces", "run_derive", "serve_health", "timestamp_sql",
+    "trace_counts_sql", "underived", "write_derived",
 ]  # fmt: skip
 
 BATCH_SPANS: Final = 100_000
@@ -121,18 +122,25 @@ def timestamp_sql(ns: str) -> str:
     )
 
 
+def events_sql(where: str = "") -> str:
+    """Per span of the DuckDB store, its events as the arrays ClickHouse stores (times as
+    ``DateTime64(9)`` text, names, attribute maps), in event order; ``where`` narrows the events
+    (e.g. ``SEMI JOIN chosen USING (trace_id)``) (pure: SQL text of a SELECT)."""
+    return f"""
+    SELECT trace_id, span_id,
+        list({timestamp_sql("coalesce(e.time_ns, 0)")} ORDER BY event_index) AS times,
+        list(e.name ORDER BY event_index) AS names,
+        list(coalesce(e.attributes, MAP {{}}::MAP(VARCHAR, VARCHAR)) ORDER BY event_index) AS attrs
+    FROM span_events e {where} GROUP BY trace_id, span_id"""
+
+
 def derive_rows_sql(columns: Sequence[str]) -> str:
     """One JSONEachRow line of ``treellm_spans`` per span of the DuckDB store whose trace is in
     the temp table ``chosen(trace_id)``: the store's columns, its events as arrays, and the
     ``$version`` parameter (pure: SQL text)."""
     values = ", ".join(f'"{c}" := s."{c}"' for c in columns)
     return f"""
-WITH ev AS (
-    SELECT trace_id, span_id,
-        list({timestamp_sql("coalesce(e.time_ns, 0)")} ORDER BY event_index) AS times,
-        list(e.name ORDER BY event_index) AS names,
-        list(coalesce(e.attributes, MAP {{}}::MAP(VARCHAR, VARCHAR)) ORDER BY event_index) AS attrs
-    FROM span_events e SEMI JOIN chosen USING (trace_id) GROUP BY trace_id, span_id
+WITH ev AS ({events_sql("SEMI JOIN chosen USING (trace_id)")}
 )
 SELECT to_json(struct_pack({values},
     "event_names" := coalesce(ev.names, []), "event_times" := coalesce(ev.times, []),
@@ -167,10 +175,10 @@ def record_traces(ch: ClickHouseConnection, counts: dict[str, tuple[int, int]], 
     spans, last span end ns)`` of the spans table."""
     now = time.time_ns()
     rows = [
-        f'{{"trace_id":"{trace}","spans":{spans},"last_ns":{last},"derived_ns":{now},'
-        f'"shard":"{shard}","version":{version}}}'
+        json.dumps({"trace_id": trace, "spans": spans, "last_ns": last, "derived_ns": now, "shard": str(shard),
+                    "version": version})
         for trace, (spans, last) in counts.items()
-    ]  # trace ids are hex (the validator's rule, checked by the scan's query)
+    ]  # fmt: skip
     for start in range(0, len(rows), _INSERT_ROWS):
         ch.insert_json_rows(rows[start : start + _INSERT_ROWS], target=ch.derived(DERIVED_TRACES))
 
@@ -276,16 +284,24 @@ WHERE has(?, TraceId)
 """
 
 
-def _due_sql(table: str, database: str) -> str:
-    """Per trace of the shard (``?`` count, ``?`` index), its distinct spans and last end, and the
-    count recorded when it was last derived (0 when never)."""
+def trace_counts_sql(table: str, where: str) -> str:
+    """Per trace of the spans table that ``where`` keeps: its distinct spans (an exporter's retried
+    rows count once) and its last span's end, ns: what ``treellm_traces`` records (pure: SQL)."""
     return f"""
-SELECT r.trace_id AS trace_id, r.spans AS spans, r.last_ns AS last_ns, d.done AS done
-FROM (
     SELECT TraceId AS trace_id, uniqExact(SpanId) AS spans,
         max(toInt64(toUnixTimestamp64Nano(Timestamp)) + toInt64(Duration)) AS last_ns
-    FROM {table} WHERE cityHash64(TraceId) % ? = ? AND match(TraceId, '^[0-9a-f]{{32}}$')
-    GROUP BY TraceId
+    FROM {table} WHERE {where}
+    GROUP BY TraceId"""
+
+
+def _due_sql(table: str, database: str) -> str:
+    """Per trace of the shard (``?`` count, ``?`` index), its counts (:func:`trace_counts_sql`) and
+    the count recorded when it was last derived (0 when never). Every trace id is taken as it is:
+    a span that breaks the validator's rules (a trace id that is no hex) is refused by the ingest
+    and reported as a bad record, never skipped here without a word."""
+    return f"""
+SELECT r.trace_id AS trace_id, r.spans AS spans, r.last_ns AS last_ns, d.done AS done
+FROM ({trace_counts_sql(table, "cityHash64(TraceId) % ? = ?")}
 ) r
 LEFT JOIN (
     SELECT trace_id, argMax(spans, version) AS done FROM {database}.{DERIVED_TRACES} GROUP BY trace_id

@@ -33,7 +33,14 @@ from typing import Final
 import duckdb
 
 from treellm.store.clickhouse import ClickHouseConnection
-from treellm.store.clickhouse_derive import Shard, record_traces, timestamp_sql, write_derived
+from treellm.store.clickhouse_derive import (
+    Shard,
+    events_sql,
+    record_traces,
+    timestamp_sql,
+    trace_counts_sql,
+    write_derived,
+)
 from treellm.store.ingest import IngestReport, InputFormatChoice, ingest
 from treellm.store.transform import WRITTEN_BACK
 
@@ -60,12 +67,7 @@ def rows_sql() -> str:
         "ELSE coalesce(s.attributes, MAP {}::MAP(VARCHAR, VARCHAR)) END"
     )
     return f"""
-WITH ev AS (
-    SELECT trace_id, span_id,
-        list({timestamp_sql("coalesce(e.time_ns, 0)")} ORDER BY event_index) AS times,
-        list(e.name ORDER BY event_index) AS names,
-        list(coalesce(e.attributes, MAP {{}}::MAP(VARCHAR, VARCHAR)) ORDER BY event_index) AS attrs
-    FROM span_events e GROUP BY trace_id, span_id
+WITH ev AS ({events_sql()}
 ),
 lk AS (
     SELECT trace_id, span_id,
@@ -120,12 +122,7 @@ def _counts(ch: ClickHouseConnection, traces: Sequence[str]) -> dict[str, tuple[
     """Each trace's distinct spans and last span end (ns) in the spans table, now."""
     counts: dict[str, tuple[int, int]] = {}
     for start in range(0, len(traces), _TRACE_CHUNK):
-        found = ch.df(
-            "SELECT TraceId AS trace_id, uniqExact(SpanId) AS spans, "
-            "max(toInt64(toUnixTimestamp64Nano(Timestamp)) + toInt64(Duration)) AS last_ns "
-            f"FROM {ch.table} WHERE has(?, TraceId) GROUP BY TraceId",
-            [list(traces[start : start + _TRACE_CHUNK])],
-        )
+        found = ch.df(trace_counts_sql(ch.table, "has(?, TraceId)"), [list(traces[start : start + _TRACE_CHUNK])])
         for trace, spans, last in zip(found["trace_id"], found["spans"], found["last_ns"], strict=True):
             counts[str(trace)] = (int(spans), int(last))
     return counts
