@@ -5,7 +5,7 @@ OpenTelemetry SDK and the OTLP/HTTP exporter but not treellm. Loopback only.
 
     drive.py --base-url http://127.0.0.1:PORT/v1
              (--otlp-endpoint http://127.0.0.1:PORT | --otlp-file PATH | --console-file PATH)
-             [--runs 0-24] [--shape NAME]
+             [--runs 0-24] [--shape NAME] [--capture default|on]
 
 - ``--otlp-endpoint``: OTLP/HTTP protobuf to ``<endpoint>/v1/traces`` (``treellm collect``).
 - ``--otlp-file``: the OpenTelemetry Collector file exporter's protobuf framing (each
@@ -13,6 +13,9 @@ OpenTelemetry SDK and the OTLP/HTTP exporter but not treellm. Loopback only.
 - ``--console-file``: the SDK's ``ConsoleSpanExporter`` output (pretty-printed span JSON).
 - ``--shape``: which agent (graph) shape a driver builds, where it offers several (the
   LangGraph driver: a hand-written graph, a subgraph, a supervisor); ``default`` otherwise.
+- ``--capture``: ``default`` runs the framework's instrumentation as it comes (some record no
+  tool arguments then); ``on`` turns on the framework's own switch that records the content
+  of tool calls (each driver's docstring names it). Drivers whose default records it ignore it.
 """
 
 from __future__ import annotations
@@ -75,6 +78,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     out.add_argument("--console-file")
     parser.add_argument("--runs", default="0-24", help="a range a-b or a comma list")
     parser.add_argument("--shape", default="default", help="the agent's shape, where the driver offers several")
+    parser.add_argument(
+        "--capture", choices=("default", "on"), default="default", help="the framework's content capture switch"
+    )
     args = parser.parse_args(argv)
     text = args.runs
     if "-" in text:

@@ -40,6 +40,10 @@ SHAPES: tuple[tuple[str, str], ...] = (
 """(framework, ``--shape``): the agent shapes other than each driver's default, each one
 run per scripted run whatever its graph (see each driver's docstring)."""
 
+CAPTURE_SWITCHED: tuple[str, ...] = ()
+"""The frameworks whose instrumentation, as it comes, records no tool arguments (or no
+results): each is run, and recorded, both as it comes and with ``--capture on``."""
+
 
 def _turn(reply: dict[str, Any]) -> Turn:
     if "calls" in reply:
@@ -73,12 +77,14 @@ def run_driver(
     console_file: Path | None = None,
     runs: str = "0-24",
     shape: str = "default",
+    capture: str = "default",
     timeout: float = 600,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``tests/frameworks/<name>/drive.py`` (building the agent of ``shape``); raises with
-    its output when it fails."""
+    """Run ``tests/frameworks/<name>/drive.py`` (building the agent of ``shape``, with the
+    framework's content capture as it comes or ``capture="on"``); raises with its output when
+    it fails."""
     command = [str(framework_python(name)), str(HERE / name / "drive.py"), "--base-url", base_url, "--runs", runs]
-    command += ["--shape", shape]
+    command += ["--shape", shape, "--capture", capture]
     if otlp_endpoint:
         command += ["--otlp-endpoint", otlp_endpoint]
     elif otlp_file:
