@@ -241,7 +241,11 @@ def test_cli_report_and_tune_print_the_documented_json(day_store: Path, tmp_path
     assert set(data) == {"runs", "tool_calls", "pruned", "identical_repeats", "tools"}
     assert set(data["tools"][0]) == {"tool", "calls", "pruned", "prune_rate", "exact_repeats", "productive_repeats",
                                      "wasted_repeats", "unknown_repeats", "near_repeats", "identical_repeats",
-                                     "identical_productive", "identical_wasted"}  # fmt: skip
+                                     "identical_productive", "identical_wasted", "arguments_unknown",
+                                     "results_unknown", "capture_switch"}  # fmt: skip
+    assert {(t["arguments_unknown"], t["results_unknown"], t["capture_switch"]) for t in data["tools"]} == {
+        (0, 0, None)
+    }  # treellm's own spans hold both
     tuned = json.loads(cli("tune", "--db", str(day_store), "--format", "json", "--tolerance", "0.05"))
     assert {"tool", "current_max_repeats", "recommended_max_repeats", "verdict", "samples", "productive_rate",
             "reason"} <= set(tuned["tools"][0])  # fmt: skip

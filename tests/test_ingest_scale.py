@@ -35,8 +35,14 @@ TRACELOOP_IN = json.dumps({"inputs": {"q": "weather"}, "kwargs": {"tool_call_id"
 TRACELOOP_OUT = json.dumps({"outputs": "sunny", "kwargs": {}})
 SCHEMA = json.dumps({"type": "object", "properties": {"q": {"type": "string"}}})
 
-# (name, attributes, status code, event names)
-CASES: list[tuple[str, dict[str, str], int, tuple[str, ...]]] = [
+STRANDS_IN = json.dumps([{"role": "tool", "parts": [{"type": "tool_call", "name": "search", "id": "t2",
+                                                       "arguments": {"query": "refunds"}}]}])
+STRANDS_OUT = json.dumps([{"role": "tool", "parts": [{"type": "tool_call_response", "id": "t2",
+                                                        "response": [{"text": "3 articles"}]}]}])
+Event = str | tuple[str, dict[str, str]]
+
+# (name, attributes, status code, events: a name, or a name and its attributes)
+CASES: list[tuple[str, dict[str, str], int, tuple[Event, ...]]] = [
     ("execute_tool grep", {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "grep",
                            "gen_ai.tool.call.id": "c1", "gen_ai.tool.call.arguments": '{"q": "x", "n": 1}',
                            "gen_ai.tool.call.result": "found"}, 0, ()),
@@ -77,6 +83,16 @@ CASES: list[tuple[str, dict[str, str], int, tuple[str, ...]]] = [
     ("chat claude", {}, 0, ()),
     ("execute_tool plain", {}, 0, ()),
     ("GET /health", {"http.method": "GET"}, 0, ()),
+    ("execute_tool search", {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search",
+                             "gen_ai.tool.call.id": "t1"},
+     0, (("gen_ai.tool.message", {"role": "tool", "content": '{"query": "refunds"}', "id": "t1"}),
+         ("gen_ai.choice", {"message": '[{"text": "3 articles"}]', "id": "t1"}))),
+    ("execute_tool search", {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search"},
+     0, (("gen_ai.client.inference.operation.details", {"gen_ai.input.messages": STRANDS_IN}),
+         ("gen_ai.client.inference.operation.details", {"gen_ai.output.messages": STRANDS_OUT}))),
+    ("execute_tool search", {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search"},
+     0, (("gen_ai.tool.message", {"role": "tool"}), "gen_ai.choice")),
+    ("execute_tool (merged)", {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "(merged tools)"}, 0, ()),
 ]  # fmt: skip
 
 
@@ -84,7 +100,11 @@ def _value(text: str) -> dict[str, Any]:
     return {"stringValue": text}
 
 
-def _span(index: int, name: str, attributes: dict[str, str], status: int, events: tuple[str, ...]) -> dict[str, Any]:
+def _event(event: Event) -> tuple[str, dict[str, str]]:
+    return (event, {}) if isinstance(event, str) else event
+
+
+def _span(index: int, name: str, attributes: dict[str, str], status: int, events: tuple[Event, ...]) -> dict[str, Any]:
     return {
         "traceId": TRACE,
         "spanId": f"{index + 1:016x}",
@@ -94,22 +114,30 @@ def _span(index: int, name: str, attributes: dict[str, str], status: int, events
         "startTimeUnixNano": str(T0 + (index + 1) * 1_000_000),
         "endTimeUnixNano": str(T0 + (index + 1) * 1_000_000 + 500_000),
         "attributes": [{"key": k, "value": _value(v)} for k, v in attributes.items()],
-        "events": [{"timeUnixNano": str(T0 + (index + 1) * 1_000_000), "name": e, "attributes": []} for e in events],
+        "events": [
+            {"timeUnixNano": str(T0 + (index + 1) * 1_000_000), "name": e,
+             "attributes": [{"key": k, "value": _value(v)} for k, v in a.items()]}
+            for e, a in map(_event, events)
+        ],  # fmt: skip
         "status": {"code": status},
     }
 
 
-def _oracle(name: str, attributes: dict[str, str], status: int, events: tuple[str, ...]) -> dict[str, Any]:
+def _oracle(name: str, attributes: dict[str, str], status: int, events: tuple[Event, ...]) -> dict[str, Any]:
     """What the per-span reading (before the set-based one) stored for a span."""
-    facts = conventions.read_span(name, attributes, status_code=status, event_names=events)
-    if facts.role == "tool" and "loop:detected" in events:
+    pairs = [_event(e) for e in events]
+    names = [e for e, _ in pairs]
+    facts = conventions.read_span(
+        name, {**attributes, **conventions.event_attributes(pairs)}, status_code=status, event_names=names
+    )
+    if facts.role == "tool" and "loop:detected" in names:
         facts = conventions.ForeignSpan(role="other", family=facts.family)
     failed, digest, sig = facts.failed, None, None
     if facts.role == "tool" and facts.result is not None:
         failed = failed or repeats.is_failure(RULE, facts.result)
         digest = result_hash(facts.result)
-    if facts.role == "tool" and facts.tool_name:
-        sig = foreign._signature(facts.tool_name, facts.arguments or "")
+    if facts.role == "tool" and facts.tool_name and facts.arguments is not None:  # unknown arguments: none
+        sig = foreign._signature(facts.tool_name, facts.arguments)
     else:
         digest = None
     operation = OPERATIONS.get(facts.role)

@@ -44,7 +44,8 @@ def runs(placed: Sequence[Placement]) -> dict[str, set[str]]:
     """Run root -> the spans of that run."""
     out: dict[str, set[str]] = {}
     for p in placed:
-        out.setdefault(p.run_id.split(":", 1)[1], set()).add(p.span_id)
+        if p.run_id is not None:
+            out.setdefault(p.run_id.split(":", 1)[1], set()).add(p.span_id)
     return out
 
 
@@ -112,7 +113,15 @@ def test_several_runs_under_one_http_server_span_are_several_runs() -> None:
 def test_invocations_that_call_nothing_are_runs_when_nothing_else_is() -> None:
     trace = Trace().add("http", None, "other").add("a", "http", "agent").add("b", "http", "agent")
     assert set(runs(place_trace(trace.spans()))) == {"a", "b"}
-    assert set(runs(place_trace(Trace().add("root", None, "other").add("x", "root", "other").spans()))) == {"root"}
+    called = Trace().add("root", None, "other").add("x", "root", "other").add("c", "x", "llm")
+    assert set(runs(place_trace(called.spans()))) == {"root"}
+
+
+def test_a_trace_of_no_invocation_and_no_call_is_no_run() -> None:
+    """AutoGen's ``create_agent`` at construction, a health check: stored, placed nowhere."""
+    placed = place_trace(Trace().add("create_agent", None, "other").add("x", "create_agent", "other").spans())
+    assert [p.run_id for p in placed] == [None, None]
+    assert not any(p.node_kind or p.orphan for p in placed)
 
 
 def test_a_run_split_across_batches_is_one_run_once_its_root_arrives() -> None:

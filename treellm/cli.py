@@ -608,9 +608,36 @@ def _report_renderable(data: dict[str, Any], width: int) -> Any:
     return Group(*blocks)
 
 
+def _content_notes(data: dict[str, Any]) -> list[str]:
+    """Per tool, the calls whose spans hold no arguments or no result, and per framework the
+    switch that records them (empty when every call's content is known)."""
+    lines: list[str] = []
+    switches: dict[tuple[str, str], list[str]] = {}
+    for item in data["tools"]:
+        found = item.get("capture_switch")
+        if not found:
+            continue
+        parts = []
+        if item["arguments_unknown"]:
+            parts.append(f"{item['arguments_unknown']} of {item['calls']} calls without arguments")
+        if item["results_unknown"]:
+            parts.append(f"{item['results_unknown']} without a result")
+        lines.append(f"  {item['tool']}: {', '.join(parts)}")
+        switches.setdefault((found["framework"], found["switch"]), []).append(item["tool"])
+    if not lines:
+        return []
+    head = "Calls without arguments are never counted as repeats; a repeat without results has an unknown outcome:"
+    tail = [f"  to record them ({framework}): {switch}" for (framework, switch) in switches]
+    return [head, *lines, *tail]
+
+
 def _print_report(data: dict[str, Any]) -> None:
+    from rich.text import Text
+
     console = _console(stderr=False)
     console.print(_report_renderable(data, console.width))
+    for line in _content_notes(data):
+        console.print(Text(line))
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:

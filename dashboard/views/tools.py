@@ -1,4 +1,5 @@
-"""Tools: prune rate per tool, repeat outcomes, actions taken, near repeats with examples."""
+"""Tools: prune rate per tool, calls without arguments or results, repeat outcomes, actions taken,
+near repeats with examples."""
 
 from __future__ import annotations
 
@@ -16,6 +17,13 @@ with data.show_problems():
     st.plotly_chart(charts.prune_rate_chart(rates), width="stretch")
     st.dataframe(rates, hide_index=True, width="stretch",
                  column_config={"prune_rate": st.column_config.NumberColumn(format="percent")})  # fmt: skip
+    lacking = data.query("content_by_tool", filters)
+    if not lacking.empty:
+        st.subheader("Calls without arguments or results")
+        st.warning("These tools' spans hold no arguments (such calls are never counted as repeats) or no "
+                   "result (a repeat of them has an unknown outcome). The switch names the framework's "
+                   "setting that records them.")  # fmt: skip
+        st.dataframe(lacking, hide_index=True, width="stretch")
     outcomes = data.query("repeat_outcome_by_tool", filters)
     st.plotly_chart(charts.repeat_outcomes_chart(outcomes), width="stretch")
     left, right = st.columns(2)

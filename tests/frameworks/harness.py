@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from openai_server import Call, OpenAIServer, Turn
-from scenario import Responder
+from scenario import TRUTH, Responder, without_arguments
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -40,9 +40,14 @@ SHAPES: tuple[tuple[str, str], ...] = (
 """(framework, ``--shape``): the agent shapes other than each driver's default, each one
 run per scripted run whatever its graph (see each driver's docstring)."""
 
-CAPTURE_SWITCHED: tuple[str, ...] = ()
-"""The frameworks whose instrumentation, as it comes, records no tool arguments (or no
-results): each is run, and recorded, both as it comes and with ``--capture on``."""
+CAPTURE_SWITCHED: tuple[str, ...] = ("autogen", "strands")
+"""The frameworks whose driver's ``--capture on`` differs from the instrumentation as it comes
+(a switch that records tool-call content, or where it records it): each is run, and recorded,
+both ways. The other drivers' instrumentation records the content as it comes."""
+
+WITHOUT_ARGUMENTS: frozenset[tuple[str, str]] = frozenset({("autogen", "default")})
+"""(framework, capture) whose tool spans hold no arguments: their truth is
+``scenario.without_arguments`` (no repeat, every call's arguments unknown)."""
 
 
 def _turn(reply: dict[str, Any]) -> Turn:
@@ -98,9 +103,16 @@ def run_driver(
     return done
 
 
+def truth(name: str, capture: str = "default", of: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a correct import of ``name``'s traces says (``of``: the truth of the runs played, all
+    by default): the script's, without arguments where its spans hold none."""
+    found = TRUTH if of is None else of
+    return without_arguments(found) if (name, capture) in WITHOUT_ARGUMENTS else dict(found)
+
+
 def figures(con: Any) -> dict[str, Any]:
     """What treellm says of a store, in the shape of ``scenario.TRUTH``."""
-    from treellm.analysis import near_repeat_pairs, repeat_outcome_by_tool, totals, tuning_by_tool
+    from treellm.analysis import content_by_tool, near_repeat_pairs, repeat_outcome_by_tool, totals, tuning_by_tool
 
     counted = totals(con)
     calls = dict(
@@ -121,4 +133,7 @@ def figures(con: Any) -> dict[str, Any]:
         "wasted_by_tool": {str(k): int(v) for k, v in outcomes["wasted"].items()},
         "paging_by_tool": {str(k): int(v) for k, v in dict(paging).items()},
         "verdicts": {str(r.tool): str(r.verdict) for r in tuning.itertuples() if r.samples},
+        "arguments_unknown_by_tool": {
+            str(r.tool): int(r.arguments_unknown) for r in content_by_tool(con).itertuples() if r.arguments_unknown
+        },
     }

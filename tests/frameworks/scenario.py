@@ -21,6 +21,9 @@ run in that framework's own virtual environment).
   one answers; neither takes a turn of the run.
 - ``TRUTH``: what a correct import of the traces says, counted by hand from ``RUNS``
   and the tools (see the comments), checked against ``truth_from_script()``.
+  ``without_arguments(truth)`` is what a correct import says of traces whose tool spans
+  hold no arguments (a framework's content capture off): the same runs and calls, every
+  call's arguments unknown, so no repeat, no paging and no verdict.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ __all__ = [
     "ToolBox",
     "task",
     "truth_from_script",
+    "without_arguments",
 ]
 
 TASK_MARK = re.compile(r"\[run (\d+)\]")
@@ -202,7 +206,16 @@ TRUTH: dict[str, Any] = {
     "wasted_by_tool": {"search": 15, "fetch_url": 0, "job_status": 5},
     "paging_by_tool": {"list_orders": 10},
     "verdicts": {"search": "keep", "fetch_url": "insufficient_data", "job_status": "raise"},
+    "arguments_unknown_by_tool": {},
 }
+
+
+def without_arguments(truth: Mapping[str, Any]) -> dict[str, Any]:
+    """``truth`` for traces whose tool spans hold no arguments: missing is never equal."""
+    none: dict[str, Any] = {"repeats_by_tool": {}, "productive_by_tool": {}, "wasted_by_tool": {}, "paging_by_tool": {}}
+    if "verdicts" in truth:
+        none["verdicts"] = {}
+    return {**truth, **none, "arguments_unknown_by_tool": dict(truth["calls_by_tool"])}
 
 
 def truth_from_script(runs: Sequence[int] | None = None) -> dict[str, Any]:
@@ -248,4 +261,5 @@ def truth_from_script(runs: Sequence[int] | None = None) -> dict[str, Any]:
         "productive_by_tool": {t: productive[t] for t in repeats},
         "wasted_by_tool": {t: wasted[t] for t in repeats},
         "paging_by_tool": dict(paging),
+        "arguments_unknown_by_tool": {},
     }

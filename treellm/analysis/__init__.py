@@ -12,6 +12,7 @@ require_extra("treellm.analysis", "store", "duckdb", "pandas", "tomli_w")
 
 from treellm.analysis.filters import Filters
 from treellm.analysis.metrics import (
+    content_by_tool,
     cost_by_tool,
     prune_rate_by_model,
     prune_rate_by_tool,
@@ -39,6 +40,7 @@ __all__ = [
     "Filters",
     "classify_commands",
     "classify_pair",
+    "content_by_tool",
     "cost_by_tool",
     "identical_repeats_by_tool",
     "limits_toml",

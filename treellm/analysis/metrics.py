@@ -17,12 +17,14 @@ import pandas as pd
 
 from treellm.analysis.filters import Filters
 from treellm.store.engine import Connection, StoreConnection, as_connection
+from treellm.telemetry.conventions import content_switch
 
 __all__ = [
     "CALLS_SQL",
     "CLICKHOUSE_SETTINGS",
     "REPEATS_SQL",
     "REPEATS_SQL_CLICKHOUSE",
+    "content_by_tool",
     "cost_by_tool",
     "prune_rate_by_model",
     "prune_rate_by_tool",
@@ -40,7 +42,8 @@ CALLS_SQL = """
 SELECT run_id, coalesce(node_id, span_id) AS node_id, node_parent_id AS parent_id, tool_name AS tool, signature,
        ordinal, limit_n AS "limit", limit_source, result_hash, coalesce(shadow_caught, false) AS shadow_caught,
        CASE WHEN status_code = 2 OR node_status = 'failed' THEN 'failed' ELSE 'completed' END AS status,
-       arguments, result, start_ns, end_ns, end_ns - start_ns AS duration_ns, earlier_node_ids, trace_id, span_id
+       arguments, result, start_ns, end_ns, end_ns - start_ns AS duration_ns, earlier_node_ids, trace_id, span_id,
+       convention, scope_name
 FROM spans
 WHERE tool_name IS NOT NULL AND (operation = 'execute_tool' OR node_kind = 'tool') AND run_id IS NOT NULL
   AND NOT coalesce(internal, false)
@@ -206,6 +209,35 @@ def _prune_rates(con: StoreConnection, f: Filters, *, group: list[str]) -> pd.Da
     total = df["calls"] + df["pruned"]
     df["prune_rate"] = (df["pruned"] / total.where(total > 0)).fillna(0.0)
     return df
+
+
+CONTENT_COLUMNS = ["tool", "calls", "arguments_unknown", "results_unknown", "framework", "switch"]
+
+
+def content_by_tool(con: StoreConnection, filters: Filters | None = None) -> pd.DataFrame:
+    """Per tool (``CONTENT_COLUMNS``): other frameworks' executed calls whose spans hold no
+    arguments (``arguments_unknown``: no signature, so never a repeat) or no result
+    (``results_unknown``: a repeat of them is of unknown outcome), and the framework of the first
+    such call with its switch that records them (``conventions.content_switch`` of its
+    instrumentation scope). Only tools with such calls; treellm's own spans always hold both (as
+    hashes when not captured)."""
+    where, params = (filters or Filters()).where("c")
+    frame = _df(
+        con,
+        f"""SELECT c.tool AS tool, count(*) AS calls,
+                   count(*) FILTER (WHERE c.signature IS NULL) AS arguments_unknown,
+                   count(*) FILTER (WHERE c.result_hash IS NULL) AS results_unknown,
+                   min(CASE WHEN c.signature IS NULL OR c.result_hash IS NULL THEN c.scope_name END) AS scope_name
+            FROM ({CALLS_SQL}) c WHERE {where} AND c.convention IS NOT NULL
+            GROUP BY c.tool
+            HAVING count(*) FILTER (WHERE c.signature IS NULL OR c.result_hash IS NULL) > 0
+            ORDER BY c.tool""",
+        params,
+    )
+    switches = [content_switch(None if pd.isna(scope) else str(scope)) for scope in frame["scope_name"]]
+    frame["framework"] = [framework for framework, _ in switches]
+    frame["switch"] = [switch for _, switch in switches]
+    return frame[CONTENT_COLUMNS].astype({"calls": int, "arguments_unknown": int, "results_unknown": int})
 
 
 def repeat_outcome_by_tool(con: StoreConnection, filters: Filters | None = None) -> pd.DataFrame:

@@ -2,7 +2,8 @@
 
 One row per **identical repeat**: an executed call with the same tool and canonical
 arguments as an earlier call on its path (same signature, and the same captured
-arguments where both were captured), whatever ran between. Its **twin** is the most
+arguments where both were captured), whatever ran between. A call whose arguments are
+unknown (another framework's span that records none: no signature) repeats no call. Its **twin** is the most
 recent such earlier call. Each row says:
 
 - ``counted``: whether the limit's rule counts it (its stored ordinal, derived by the
@@ -232,7 +233,7 @@ def _earlier(raw: Any) -> list[str]:
 
 _RUNS_WITH = f"""
 WITH calls AS ({CALLS_SQL}),
-runs_with AS (SELECT DISTINCT run_id FROM calls c WHERE {{where}}
+runs_with AS (SELECT DISTINCT run_id FROM calls c WHERE {{where}} AND c.signature IS NOT NULL
               GROUP BY run_id, tool, signature HAVING count(*) >= 2)
 """
 _SQL = (
@@ -316,7 +317,7 @@ def _run_repeats(calls: list[tuple[Any, ...]], parents: dict[str, str | None]) -
         line = lines.get(parent_id)
         if line is None:
             line = lines[parent_id] = _ancestors(parent_id, parents)
-        earlier = seen_by_key.setdefault((tool, sig), [])
+        earlier = seen_by_key.setdefault((tool, sig), []) if sig is not None else []  # unknown: equals none
         same = [j for j in earlier if calls[j][4] in line and (arguments is None or calls[j][10] in (None, arguments))]
         if same:
             twin = same[-1]

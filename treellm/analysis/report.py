@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 
 from treellm.analysis.filters import Filters
-from treellm.analysis.metrics import prune_rate_by_tool, repeat_outcome_by_tool, totals
+from treellm.analysis.metrics import content_by_tool, prune_rate_by_tool, repeat_outcome_by_tool, totals
 from treellm.analysis.near import near_repeats_by_tool
 from treellm.analysis.repeats import identical_repeats_by_tool
 from treellm.analysis.repeats import repeats as identical_repeats
@@ -25,8 +25,10 @@ def report(con: StoreConnection, filters: Filters | None = None) -> dict[str, An
     ``pruned``, ``prune_rate``, ``identical_repeats`` (every call identical to an earlier call
     on its path, :func:`~treellm.analysis.repeats`) with the ``identical_productive`` and
     ``identical_wasted`` among them, ``exact_repeats`` (those the limit's rule counts) with
-    ``productive_repeats``, ``wasted_repeats`` and ``unknown_repeats`` among them, and
-    ``near_repeats``."""
+    ``productive_repeats``, ``wasted_repeats`` and ``unknown_repeats`` among them,
+    ``near_repeats``, and the calls whose spans hold no arguments (``arguments_unknown``: never
+    a repeat) or no result (``results_unknown``), with ``capture_switch`` (``framework`` and
+    ``switch``, the setting that records them) when there are any."""
     f = filters or Filters()
     out: dict[str, Any] = totals(con, f)
     rates: dict[Any, dict[Any, Any]] = prune_rate_by_tool(con, f).set_index("tool").to_dict("index")
@@ -39,10 +41,12 @@ def report(con: StoreConnection, filters: Filters | None = None) -> dict[str, An
     near: dict[Any, dict[Any, Any]] = near_repeats_by_tool(con, f).set_index("tool").to_dict("index")
     every = identical_repeats(con, f)
     identical = identical_repeats_by_tool(con, f, every=every).set_index("tool").to_dict("index")
+    content: dict[Any, dict[Any, Any]] = content_by_tool(con, f).set_index("tool").to_dict("index")
     none = {"repeats": 0, "productive": 0, "wasted": 0, "unknown": 0}
     tools = []
     for tool, r in rates.items():
         rep = repeats.get(tool, none)
+        lacking = content.get(tool, {})
         tools.append(
             {"tool": _tool_name(tool), "calls": int(r["calls"]), "pruned": int(r["pruned"]),
              "prune_rate": round(float(r["prune_rate"]), 4), "exact_repeats": int(rep["repeats"]),
@@ -50,7 +54,10 @@ def report(con: StoreConnection, filters: Filters | None = None) -> dict[str, An
              "unknown_repeats": int(rep["unknown"]),
              **{k: int(identical.get(tool, {}).get(k, 0))
                 for k in ("identical_repeats", "identical_productive", "identical_wasted")},
-             "near_repeats": int(near.get(tool, {}).get("near_repeats", 0))}
+             "near_repeats": int(near.get(tool, {}).get("near_repeats", 0)),
+             "arguments_unknown": int(lacking.get("arguments_unknown", 0)),
+             "results_unknown": int(lacking.get("results_unknown", 0)),
+             "capture_switch": {"framework": lacking["framework"], "switch": lacking["switch"]} if lacking else None}
         )  # fmt: skip
     out["tools"] = tools
     out["identical_repeats"] = len(every)

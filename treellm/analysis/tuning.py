@@ -79,7 +79,7 @@ def _afresh(con: StoreConnection, f: Filters) -> dict[str, int]:
         f"""SELECT tool, count(*) FILTER (WHERE ordinal = 1 AND seen > 1) AS afresh FROM (
                 SELECT c.tool AS tool, c.ordinal AS ordinal,
                        row_number() OVER (PARTITION BY c.run_id, c.signature ORDER BY c.start_ns, c.span_id) AS seen
-                FROM ({CALLS_SQL}) c WHERE {where}) GROUP BY tool""",
+                FROM ({CALLS_SQL}) c WHERE {where} AND c.signature IS NOT NULL) GROUP BY tool""",
         params,
     )
     return {str(tool): int(count) for tool, count in zip(frame["tool"], frame["afresh"], strict=True)}

@@ -154,7 +154,16 @@ def _sql_list(items: Sequence[str]) -> str:
 
 
 def _value(key: str) -> str:
-    return f"f.attributes[{_sql_list([key])[1:-1]}]"
+    """The attribute ``key`` of the span ``f``, or for a pseudo key of ``conventions.EVENT_SOURCES``
+    the attribute of its first event of that name that has it (``conventions.event_attributes``)."""
+    source = conventions.EVENT_SOURCES.get(key)
+    if source is None:
+        return f"f.attributes[{_sql_list([key])[1:-1]}]"
+    event, attribute = (_sql_list([part])[1:-1] for part in source)
+    return (
+        f"(CASE WHEN len(f.events) > 0 THEN treellm_attrs(list_filter(f.events, lambda e: e.name = {event} "
+        f"AND list_contains(list_transform(e.attributes, lambda a: a.key), {attribute}))[1].attributes)[{attribute}] END)"
+    )
 
 
 def _first_value(keys: Sequence[str]) -> str:
@@ -209,7 +218,7 @@ its parts: the role's inputs (``role_key``: the values of ``ROLE_KEYS``, a prese
 ``MARKER_KEYS`` key and ``PRESENCE_PREFIXES`` prefix, the name's first ``NAME_PREFIXES`` match),
 the tool name's, the arguments' (``ARGUMENT_KEYS`` in order), the result's text, and the first
 call id, model and agent name. Each distinct key is read once in Python (:func:`_read_foreign`)."""
-_BOOLEAN = frozenset({"internal", "failed", "orphan", "result_failed"})
+_BOOLEAN = frozenset({"internal", "failed", "orphan", "result_failed", "summary"})
 _INTEGER = frozenset({"node_depth", "ordinal"})
 
 
@@ -243,8 +252,10 @@ _FOREIGN_ANSWERS = """
 CREATE OR REPLACE TEMP TABLE foreign_answers AS
     WITH x AS (
         SELECT i.*, r.family,
-               CASE WHEN r.role = 'tool' AND i.caught THEN 'other' ELSE r.role END AS role
+               CASE WHEN r.role = 'tool' AND (i.caught OR coalesce(s.summary, false)) THEN 'other'
+                    ELSE r.role END AS role
         FROM foreign_in i JOIN foreign_roles r USING (role_key)
+        LEFT JOIN foreign_tools s ON r.role = 'tool' AND s.tool_key = i.tool_key
     )
     SELECT x.trace_id, x.span_id, coalesce(x.family, 'otel') AS convention,
            CASE x.role WHEN 'tool' THEN 'execute_tool' WHEN 'llm' THEN 'chat' WHEN 'agent' THEN 'invoke_agent'
@@ -261,11 +272,12 @@ CREATE OR REPLACE TEMP TABLE foreign_answers AS
     LEFT JOIN foreign_tools t ON x.role = 'tool' AND t.tool_key = x.tool_key
     LEFT JOIN foreign_args a ON x.role = 'tool' AND a.args_key = x.args_key
     LEFT JOIN foreign_results o ON x.role = 'tool' AND o.result_text = x.result_text
-    LEFT JOIN foreign_signatures g ON g.tool = t.tool_name AND g.arguments = coalesce(a.arguments, '')
+    LEFT JOIN foreign_signatures g ON g.tool = t.tool_name AND g.arguments = a.arguments
 """
 """What the conventions say of each new span of another framework, joined from the answers for
 each distinct key (as :func:`conventions.read_span` would say it of the span: a call that LoopGuard
-caught is a span of role ``other``, its event says it did not run)."""
+caught is a span of role ``other``, its event says it did not run; so is a summary span). A call
+whose arguments are unknown has no signature: it equals no other call."""
 
 _ANSWERED = ("convention", "operation", "tool_name", "tool_call_id", "arguments", "result", "signature",
              "result_hash", "internal")  # fmt: skip
@@ -327,7 +339,12 @@ def _read_calls(con: duckdb.DuckDBPyConnection, internal: frozenset[str]) -> Non
     tool_keys = [key for (key,) in con.execute(f"SELECT DISTINCT i.tool_key {_TOOL_ROWS}").fetchall()]
     names = [_tool_name(key) for key in tool_keys]
     tools = _frame(
-        {"tool_key": tool_keys, "tool_name": names, "internal": [n in internal if n else None for n in names]}
+        {
+            "tool_key": tool_keys,
+            "tool_name": names,
+            "internal": [n in internal if n else None for n in names],
+            "summary": [n in conventions.SUMMARY_TOOLS for n in names],
+        }
     )
     args_keys = [key for (key,) in con.execute(f"SELECT DISTINCT i.args_key {_TOOL_ROWS}").fetchall()]
     read = [conventions.arguments_of(tuple(orjson.loads(key))) for key in args_keys]
@@ -354,9 +371,10 @@ def _read_calls(con: duckdb.DuckDBPyConnection, internal: frozenset[str]) -> Non
     )
     with _registered(con, foreign_tools=tools, foreign_args=args, foreign_results=results):
         pairs = con.execute(
-            f"SELECT DISTINCT t.tool_name, coalesce(a.arguments, '') "
+            f"SELECT DISTINCT t.tool_name, a.arguments "
             f"FROM (SELECT DISTINCT i.tool_key, i.args_key {_TOOL_ROWS}) i "
-            "JOIN foreign_tools t USING (tool_key) JOIN foreign_args a USING (args_key) WHERE t.tool_name <> ''"
+            "JOIN foreign_tools t USING (tool_key) JOIN foreign_args a USING (args_key) "
+            "WHERE t.tool_name <> '' AND a.arguments IS NOT NULL"
         ).fetchall()
         signatures = _frame(
             {
@@ -451,6 +469,9 @@ def _keyed_from_parents(con: duckdb.DuckDBPyConnection, spans: dict[str, list[An
 
 _StoredKey = tuple[str, str]
 """(``call_digest``, ``call_targets``) of a counted call."""
+_UNKNOWN_TARGETS = repeats.CallTargets(None, None, False)
+"""A call whose arguments are unknown: what it reads and writes cannot be known, and it is not
+taken to have changed state (nothing says it did)."""
 _Call = tuple[CallKey, repeats.CallTargets, _StoredKey]
 
 
@@ -487,8 +508,10 @@ def _span_facts(spans: dict[str, list[Any]]) -> tuple[list[SpanFacts], dict[tupl
         if tool is None or operation != "execute_tool" or internal:
             out.append(SpanFacts(trace, span, parent, start, end, role, None, agent, flagged))
             continue
-        key, found, stored_key = call(tool, args or "", kept)
-        stored[(trace, span)] = stored_key
+        if args is None and kept[0] is None:  # arguments unknown: a key of its own, never stored
+            key, found = CallKey(tool, f"arguments unknown: {trace} {span}", raw=False), _UNKNOWN_TARGETS
+        else:
+            key, found, stored[(trace, span)] = call(tool, args or "", kept)
         out.append(
             SpanFacts(
                 trace, span, parent, start, end, role, key, agent, flagged, not failed and found.changes_state,

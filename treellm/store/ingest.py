@@ -119,12 +119,14 @@ class BadRecord:
     reason: str
 
 
-UnplacedReason = Literal["no run root", "missing attribute", "unknown convention"]
-UNPLACED_REASONS: tuple[UnplacedReason, ...] = ("no run root", "missing attribute", "unknown convention")
+UnplacedReason = Literal["no run root", "missing attribute", "unknown convention", "no call"]
+UNPLACED_REASONS: tuple[UnplacedReason, ...] = ("no run root", "missing attribute", "unknown convention", "no call")
 """Why a stored span is placed nowhere: its run's root span is not stored (``no run root``);
 it lacks an attribute its place needs, such as a tool span without a tool name (``missing
-attribute``); no convention reads it and its run holds no model or tool call (``unknown
-convention``: the run is only context, e.g. a trace of HTTP spans)."""
+attribute``); no convention reads it and its run or trace holds no model or tool call
+(``unknown convention``: the run is only context, e.g. a trace of HTTP spans); a convention
+reads it, but its trace holds no invocation, model call or tool call, so no run (``no call``:
+an agent's construction, such as AutoGen's ``create_agent``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -547,6 +549,8 @@ run_facts AS (
 placed AS (
     SELECT n.trace_id, n.span_id, n.name, n.start_ns,
         CASE
+            WHEN n.run_id IS NULL AND n.convention = 'otel' THEN 'unknown convention'
+            WHEN n.run_id IS NULL AND n.convention IS NOT NULL THEN 'no call'
             WHEN n.run_id IS NULL OR (NOT r.rooted AND r.headless) THEN 'missing attribute'
             WHEN NOT r.rooted THEN 'no run root'
             WHEN n.convention = 'otel' AND NOT r.noded THEN 'unknown convention'

@@ -7,7 +7,9 @@
   because of its name, subgraphs, sub-agents, handoffs) are not runs; spans of other roles
   above it (an HTTP server span, a caller's span) do not count, so several invocations
   under one of them are several runs. With no invocation holding a call, the outermost
-  invocations are the runs; with no invocation at all, the trace root. A span whose parent
+  invocations are the runs; with no invocation at all, the trace root, when the trace holds a
+  model or tool call: a trace of neither (an agent's construction, a health check) is no run,
+  its spans are placed nowhere. A span whose parent
   is missing from the trace (or that a converter flagged ``orphan_parent``) is flagged and
   is a run only when no anchored run exists (then only the first such: the rest of its
   graph is probably still to come); a span outside every run joins the run whose time
@@ -110,7 +112,8 @@ class EarlierIds(Sequence[str]):
 class Placement:
     trace_id: str
     span_id: str
-    run_id: str
+    run_id: str | None
+    """``None``: the span's trace holds no run (no invocation and no call)."""
     node_kind: NodeKind | None
     node_parent_id: str | None
     depth: int | None
@@ -156,7 +159,7 @@ def _run_roots(
 ) -> list[SpanFacts]:
     """The outermost invocations that hold a model or tool call (else every outermost one);
     floating ones (a missing parent above them) only when no anchored one exists, and then
-    only the first; with no invocation, the trace root."""
+    only the first; with no invocation, the trace root when the trace holds a call, else none."""
     outermost = [s for s in spans if s.role in _INVOKES and all(a.role not in _INVOKES for a in chains[s.span_id][1:])]
     if len(outermost) > 1:
         working = {a.span_id for s in spans if s.role in _CALLS for a in chains[s.span_id]}
@@ -165,6 +168,8 @@ def _run_roots(
     roots = anchored or sorted(outermost, key=_order)[:1]
     if roots:
         return roots
+    if not any(s.role in _CALLS for s in spans):
+        return []
     tops = {chains[s.span_id][-1].span_id: chains[s.span_id][-1] for s in spans}
     true_tops = sorted((t for t in tops.values() if not orphan[t.span_id]), key=_order)
     return true_tops[:1] or sorted(tops.values(), key=_order)[:1]
@@ -223,6 +228,8 @@ def place_trace(spans: Sequence[SpanFacts]) -> list[Placement]:
     chains = {s.span_id: _chain(s, by_id) for s in spans}
     orphan = {s.span_id: not _anchored(chains[s.span_id]) for s in spans}
     roots = _run_roots(spans, chains, orphan)
+    if not roots:  # no invocation and no call: placed nowhere
+        return [Placement(s.trace_id, s.span_id, None, None, None, None, None, (), False, None) for s in spans]
     root_ids = {r.span_id for r in roots}
 
     def run_of(span: SpanFacts) -> SpanFacts:

@@ -13,6 +13,15 @@ attribute names of other instrumentations are spelled. Families, in order of tru
 - **OpenLLMetry / Traceloop** (``traceloop.span.kind`` tool/agent/workflow/task,
   ``traceloop.entity.name``, ``traceloop.entity.input`` / ``.output`` in their
   ``{"inputs": ...}`` / ``{"outputs": ...}`` envelopes).
+- **GenAI span events**: frameworks that keep a tool call's content out of the span's
+  attributes record it in events on the tool span (Strands Agents: the arguments in
+  ``gen_ai.tool.message`` ``content``, the result in ``gen_ai.choice`` ``message``; with the
+  latest experimental conventions both in ``gen_ai.client.inference.operation.details``,
+  as ``gen_ai.input.messages`` / ``gen_ai.output.messages`` parts ``tool_call`` /
+  ``tool_call_response``). Each such source is a key of :data:`EVENT_SOURCES` that
+  :func:`event_attributes` adds to the attributes; they come after every attribute in
+  :data:`ARGUMENT_KEYS` and :data:`RESULT_KEYS`. Content blocks (``[{"text": ...}]``) are
+  their text.
 - **LangChain message wrappers**: a tool result recorded as a serialised ``ToolMessage``
   (``{"lc": 1, ..., "kwargs": {"content": ..., "tool_call_id": ...}}``, its ``to_json``
   dict, or its Python repr ``content='...' name='...' tool_call_id='...'``) is the
@@ -23,6 +32,13 @@ Roles: ``tool`` (a tool call), ``llm`` (a model call), ``agent`` (an agent's inv
 OpenInference ``CHAIN``, Traceloop ``workflow``) and ``other``. An agent or a workflow is
 an *invocation*: the outermost invocation of a trace that holds a model or tool call starts
 a run (:mod:`treellm.store.trees`), whatever the framework names its nodes.
+
+A tool span that records no arguments (a framework's content capture off) is a call with
+its **arguments unknown**: :attr:`ForeignSpan.arguments` is ``None``, never ``{}``, and the
+store never takes it for a repeat of another call (:data:`CONTENT_SWITCHES` names each
+framework's switch that records them). A **summary span** (:data:`SUMMARY_TOOLS`: Google
+ADK's ``execute_tool (merged)`` over the calls of one turn) has role ``other``: the calls
+it sums up have spans of their own.
 
 Contract: pure functions of a span's name, its attributes as text (the store's
 ``MAP(VARCHAR, VARCHAR)``: scalars as text, arrays and maps as their JSON) and its
@@ -50,7 +66,10 @@ __all__ = [
     "INVOCATION_ROLES",
     "ARGUMENT_KEYS",
     "CALL_ID_KEYS",
+    "CONTENT_SWITCHES",
     "DEFAULT_INTERNAL_TOOLS",
+    "EVENT_SOURCES",
+    "SUMMARY_TOOLS",
     "LLM_OPERATIONS",
     "MARKER_KEYS",
     "MODEL_KEYS",
@@ -62,6 +81,8 @@ __all__ = [
     "ForeignSpan",
     "Role",
     "arguments_of",
+    "content_switch",
+    "event_attributes",
     "family",
     "parent_call",
     "read_span",
@@ -100,6 +121,23 @@ _NAME_ROLES: Final[tuple[tuple[str, Role], ...]] = (
     ("chat ", "llm"),
 )
 
+# -- span events that carry a tool call's content ---------------------------------------------
+INFERENCE_DETAILS: Final = "gen_ai.client.inference.operation.details"
+_INPUT_MESSAGES: Final = "gen_ai.input.messages"
+_OUTPUT_MESSAGES: Final = "gen_ai.output.messages"
+EVENT_SOURCES: Final[Mapping[str, tuple[str, str]]] = {
+    "event gen_ai.tool.message/content": ("gen_ai.tool.message", "content"),
+    f"event {INFERENCE_DETAILS}/{_INPUT_MESSAGES}": (INFERENCE_DETAILS, _INPUT_MESSAGES),
+    "event gen_ai.choice/message": ("gen_ai.choice", "message"),
+    f"event {INFERENCE_DETAILS}/{_OUTPUT_MESSAGES}": (INFERENCE_DETAILS, _OUTPUT_MESSAGES),
+}
+"""Pseudo attribute keys (never an attribute's own name: they start with ``event ``) for the
+attributes of span events that carry a tool call's content: the value of ``attribute`` in the
+span's first event named ``event`` that has it. :func:`event_attributes` gives them; the store reads them
+from the stored events the same way."""
+_ARGUMENT_EVENTS: Final = ("event gen_ai.tool.message/content", f"event {INFERENCE_DETAILS}/{_INPUT_MESSAGES}")
+_RESULT_EVENTS: Final = ("event gen_ai.choice/message", f"event {INFERENCE_DETAILS}/{_OUTPUT_MESSAGES}")
+
 # -- tool call facts, each in order of trust -------------------------------------------------
 TOOL_NAME_KEYS: Final = (sc.GEN_AI_TOOL_NAME, "tool.name", "tool_call.function.name")
 TRACELOOP_NAME: Final = "traceloop.entity.name"
@@ -112,6 +150,7 @@ ARGUMENT_KEYS: Final = (
     "input.value",
     "traceloop.entity.input",
     "tool.parameters",
+    *_ARGUMENT_EVENTS,
 )
 RESULT_KEYS: Final = (
     sc.GEN_AI_TOOL_CALL_RESULT,
@@ -120,6 +159,7 @@ RESULT_KEYS: Final = (
     "tool_response",
     "output.value",
     "traceloop.entity.output",
+    *_RESULT_EVENTS,
 )
 MODEL_KEYS: Final = (sc.GEN_AI_REQUEST_MODEL, "gen_ai.response.model", "llm.model_name")
 AGENT_NAME_KEYS: Final = (sc.GEN_AI_AGENT_NAME, "agent.name", "agent_name", "graph.node.name")
@@ -156,6 +196,49 @@ so a reader may hand it the first of them that the name starts with (or ``""``) 
 DEFAULT_INTERNAL_TOOLS: Final = ("final_answer", "final_result")
 """Framework-internal tools (smolagents' ``final_answer``, pydantic-ai's output tool
 ``final_result``): marked ``internal`` at ingest and left out of counts and tuning."""
+
+SUMMARY_TOOLS: Final = frozenset({"(merged tools)"})
+"""Tool names of summary spans, which are not calls: Google ADK's ``execute_tool (merged)``
+records the calls of one turn once more, after each ran in a span of its own."""
+
+CONTENT_SWITCHES: Final[tuple[tuple[str, str, str], ...]] = (
+    ("strands", "Strands Agents", "OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental"),
+    ("gcp.vertex.agent", "Google ADK", "ADK_CAPTURE_MESSAGE_CONTENT_IN_SPANS=true"),
+    ("autogen", "AutoGen", "no switch of its own; trace it with openinference-instrumentation-autogen-agentchat"),
+    ("openinference.instrumentation", "OpenInference", "OPENINFERENCE_HIDE_INPUTS=false, OPENINFERENCE_HIDE_OUTPUTS=false"),
+    ("opentelemetry.instrumentation", "OpenLLMetry", "TRACELOOP_TRACE_CONTENT=true"),
+    ("pydantic-ai", "Pydantic AI", "InstrumentationSettings(include_content=True)"),
+    ("semantic_kernel", "Semantic Kernel", "SEMANTICKERNEL_EXPERIMENTAL_GENAI_ENABLE_OTEL_DIAGNOSTICS_SENSITIVE=true"),
+    ("microsoft.semantickernel", "Semantic Kernel",
+     "SEMANTICKERNEL_EXPERIMENTAL_GENAI_ENABLE_OTEL_DIAGNOSTICS_SENSITIVE=true"),
+    ("openai.agents", "OpenAI Agents SDK", "RunConfig(trace_include_sensitive_data=True)"),
+)
+"""(instrumentation scope name prefix, framework, the switch that records tool-call content),
+matched case-insensitively in order: what the report names for calls whose arguments or
+results are unknown (:func:`content_switch`)."""
+_GENERIC_SWITCH: Final = ("GenAI instrumentation", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true")
+
+
+def content_switch(scope_name: str | None) -> tuple[str, str]:
+    """(framework, switch) that records tool-call content for spans of the instrumentation
+    scope ``scope_name``; the OpenTelemetry GenAI instrumentations' switch when it is unknown."""
+    scope = (scope_name or "").lower()
+    for prefix, framework, switch in CONTENT_SWITCHES:
+        if scope.startswith(prefix):
+            return framework, switch
+    return _GENERIC_SWITCH
+
+
+def event_attributes(events: Sequence[tuple[str, Mapping[str, str]]]) -> dict[str, str]:
+    """The pseudo attributes of :data:`EVENT_SOURCES` that a span's ``(name, attributes)``
+    events hold: for each source, its attribute in the first event of its name that has it."""
+    out: dict[str, str] = {}
+    for key, (event, attribute) in EVENT_SOURCES.items():
+        found = next((attrs[attribute] for name, attrs in events if name == event and attribute in attrs), None)
+        if found is not None:
+            out[key] = found
+    return out
+
 
 _LANGCHAIN_REPR = re.compile(r"""^content=(?P<q>['"])(?P<content>.*?)(?P=q)(?: [a-z_]+=|$)""", re.DOTALL)
 
@@ -272,6 +355,17 @@ def _argument_value(key: str, text: str) -> tuple[Any | None, str | None]:
     the values are ``None`` when it holds none."""
     value = _loads(text)
     call_id = None
+    if key == _ARGUMENT_EVENTS[1]:
+        part = _message_part(value, "tool_call")
+        if part is None:
+            return None, None
+        found = part.get("id")
+        call_id = found if isinstance(found, str) else None
+        value = part.get("arguments")
+        if value is None:
+            return None, None
+        if isinstance(value, str):
+            value = _loads(value)
     if isinstance(value, Mapping) and "inputs" in value and len(value) > 1 and set(value) <= _TRACELOOP_INPUT_KEYS:
         call_id = _envelope_call_id(value)  # Traceloop's {"inputs": ..., "input_str": ..., "kwargs": ...}
         value = value["inputs"]
@@ -331,6 +425,30 @@ def _langchain_message(value: Any) -> tuple[Any, str | None] | None:
     return None
 
 
+def _message_part(value: Any, kind: str) -> Mapping[str, Any] | None:
+    """The first part of type ``kind`` in GenAI messages (``[{"role", "parts": [{"type", ...}]}]``)."""
+    if not isinstance(value, list):
+        return None
+    for message in value:
+        parts = message.get("parts") if isinstance(message, Mapping) else None
+        for part in parts if isinstance(parts, list) else ():
+            if isinstance(part, Mapping) and part.get("type") == kind:
+                return part
+    return None
+
+
+def _content_text(value: Any) -> str | None:
+    """The text of content blocks (``[{"text": ...}, ...]``, each at most a ``type`` besides), else None."""
+    if not isinstance(value, list) or not value:
+        return None
+    texts = []
+    for block in value:
+        if not (isinstance(block, Mapping) and isinstance(block.get("text"), str) and set(block) <= {"text", "type"}):
+            return None
+        texts.append(block["text"])
+    return "\n".join(texts)
+
+
 def parent_call(parent_attributes: Mapping[str, str], tool_name: str | None) -> tuple[str, str | None] | None:
     """(arguments, call id) of the one call a parent span ran, when the parent records it
     (LangGraph's ``tools`` node: ``input.value`` = ``[{"name", "args", "id", "type": "tool_call"}]``);
@@ -360,6 +478,17 @@ def unwrap_result(text: str) -> tuple[str, str | None]:
                 break
     if isinstance(value, Mapping) and "raw_output" in value and "tool_name" in value:  # LlamaIndex ToolOutput
         value = value["raw_output"]
+    response = _message_part(value, "tool_call_response")  # GenAI output messages
+    if response is not None:
+        found = response.get("id")
+        value, envelope = response.get("response"), found if isinstance(found, str) else None
+        if isinstance(value, str):
+            value = _loads(value)
+        blocks = _content_text(value)
+        return (blocks if blocks is not None else _dump(value)), envelope
+    blocks = _content_text(value)
+    if blocks is not None:
+        return blocks, None
     found = _langchain_message(value)
     if found is not None:
         content, call_id = found
@@ -436,6 +565,8 @@ def read_span(
     role = _role(name, attributes)
     fam = family(attributes)
     failed = status_code == 2 or EXCEPTION_EVENT in event_names
+    if role == "tool" and _tool_name(name, attributes) in SUMMARY_TOOLS:
+        return ForeignSpan(role="other", family=fam, failed=failed)
     if role == "tool":
         result, envelope_id = _result(attributes)
         if result is not None and is_failure is not None and is_failure(result):
