@@ -74,7 +74,8 @@ for _name, _value in {
     "CREWAI_DISABLE_VERSION_CHECK": "true",
 }.items():
     os.environ.setdefault(_name, _value)
-os.environ.setdefault("CREWAI_STORAGE_DIR", tempfile.mkdtemp(prefix="crewai-"))
+_STORAGE = tempfile.TemporaryDirectory(prefix="crewai-")  # its kickoff-outputs SQLite file; removed at exit
+os.environ.setdefault("CREWAI_STORAGE_DIR", _STORAGE.name)
 
 from crewai import LLM, Agent, Crew, Process, Task  # noqa: E402
 from crewai.tools import BaseTool, tool  # noqa: E402
