@@ -50,7 +50,8 @@ from scenario import RUNS, TOOL_DOCS, TRUTH, ToolBox, truth_from_script  # noqa:
 RECORDED = ROOT / "tests" / "data" / "frameworks"
 RECORDED_SHAPES = RECORDED / "shapes"
 RECORDED_CAPTURE = RECORDED / "capture"
-EXPECTED = {"agents", "autogen", "langgraph", "llamaindex", "openllmetry", "pydanticai", "smolagents", "strands"}
+EXPECTED = {"adk", "agents", "autogen", "crewai", "langgraph", "llamaindex", "openllmetry", "pydanticai", "smolagents",
+            "strands"}  # fmt: skip
 PLAYED = [(name, "default") for name in sorted(EXPECTED)] + [(name, "on") for name in CAPTURE_SWITCHED]
 """(framework, capture): each framework as its instrumentation comes, and with its content switch on."""
 RECORDINGS = (

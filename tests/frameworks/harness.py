@@ -40,12 +40,12 @@ SHAPES: tuple[tuple[str, str], ...] = (
 """(framework, ``--shape``): the agent shapes other than each driver's default, each one
 run per scripted run whatever its graph (see each driver's docstring)."""
 
-CAPTURE_SWITCHED: tuple[str, ...] = ("autogen", "strands")
+CAPTURE_SWITCHED: tuple[str, ...] = ("adk", "autogen", "strands")
 """The frameworks whose driver's ``--capture on`` differs from the instrumentation as it comes
 (a switch that records tool-call content, or where it records it): each is run, and recorded,
 both ways. The other drivers' instrumentation records the content as it comes."""
 
-WITHOUT_ARGUMENTS: frozenset[tuple[str, str]] = frozenset({("autogen", "default")})
+WITHOUT_ARGUMENTS: frozenset[tuple[str, str]] = frozenset({("adk", "default"), ("autogen", "default")})
 """(framework, capture) whose tool spans hold no arguments: their truth is
 ``scenario.without_arguments`` (no repeat, every call's arguments unknown)."""
 

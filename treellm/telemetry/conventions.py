@@ -22,6 +22,7 @@ attribute names of other instrumentations are spelled. Families, in order of tru
   :func:`event_attributes` adds to the attributes; they come after every attribute in
   :data:`ARGUMENT_KEYS` and :data:`RESULT_KEYS`. Content blocks (``[{"text": ...}]``) are
   their text.
+- **Result envelopes**: Google ADK's function response ``{"result": ...}`` is what it wraps.
 - **LangChain message wrappers**: a tool result recorded as a serialised ``ToolMessage``
   (``{"lc": 1, ..., "kwargs": {"content": ..., "tool_call_id": ...}}``, its ``to_json``
   dict, or its Python repr ``content='...' name='...' tool_call_id='...'``) is the
@@ -203,7 +204,7 @@ records the calls of one turn once more, after each ran in a span of its own."""
 
 CONTENT_SWITCHES: Final[tuple[tuple[str, str, str], ...]] = (
     ("strands", "Strands Agents", "OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental"),
-    ("gcp.vertex.agent", "Google ADK", "ADK_CAPTURE_MESSAGE_CONTENT_IN_SPANS=true"),
+    ("gcp.vertex.agent", "Google ADK", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY"),
     ("autogen", "AutoGen", "no switch of its own; trace it with openinference-instrumentation-autogen-agentchat"),
     ("openinference.instrumentation", "OpenInference", "OPENINFERENCE_HIDE_INPUTS=false, OPENINFERENCE_HIDE_OUTPUTS=false"),
     ("opentelemetry.instrumentation", "OpenLLMetry", "TRACELOOP_TRACE_CONTENT=true"),
@@ -478,6 +479,8 @@ def unwrap_result(text: str) -> tuple[str, str | None]:
                 break
     if isinstance(value, Mapping) and "raw_output" in value and "tool_name" in value:  # LlamaIndex ToolOutput
         value = value["raw_output"]
+    if isinstance(value, Mapping) and set(value) == {"result"}:  # Google ADK's function response
+        value = value["result"]
     response = _message_part(value, "tool_call_response")  # GenAI output messages
     if response is not None:
         found = response.get("id")
