@@ -53,7 +53,12 @@ def test_a_recorded_framework_trace_is_accounted_for_span_by_span(path: Path, tm
     assert result.spans == spans
     accounting = result.accounting
     _adds_up(accounting, spans)
-    assert accounting.placed_nowhere == 0 and not result.warnings
+    if path.stem == "autogen" and path.parent.name == "frameworks":
+        # AutoGen's own tracing: `create_agent` at construction is a trace of its own, no run
+        assert [(u.reason, u.spans) for u in accounting.unplaced] == [("no call", 1)]
+        assert "span 'create_agent support_agent'" in result.warnings[0]
+    else:
+        assert accounting.placed_nowhere == 0 and not result.warnings
     assert accounting.runs == _count(db, "SELECT count(*) FROM runs")[0][0] == 5
     assert accounting.tool_calls == _count(db, "SELECT count(*) FROM tool_calls")[0][0]
 

@@ -278,6 +278,26 @@ def test_tools_and_tuning_pages(sample_store: Path, monkeypatch: pytest.MonkeyPa
     assert tuning.selectbox(key="what_if_tool").value == table.index[0]
 
 
+def test_the_tools_page_names_calls_without_arguments_and_the_switch_that_records_them(
+    sample_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Google ADK as it comes records no tool arguments or results: the page says so per tool."""
+    own = page("tools", sample_store, monkeypatch)
+    assert "Calls without arguments or results" not in [h.value for h in own.subheader]
+    db = tmp_path / "adk.duckdb"
+    ingest(db, [ROOT / "tests" / "data" / "frameworks" / "adk.pb"])
+    tools = page("tools", db, monkeypatch)
+    assert "Calls without arguments or results" in [h.value for h in tools.subheader]
+    assert tools.warning and "never counted as repeats" in tools.warning[0].value
+    lacking = tools.dataframe[1].value.set_index("tool")
+    assert lacking["arguments_unknown"].to_dict() == {
+        "fetch_url": 2, "get_order": 1, "job_status": 3, "list_orders": 3, "search": 5, "start_job": 1,
+    }  # fmt: skip
+    assert (lacking["arguments_unknown"] == lacking["results_unknown"]).all()
+    assert set(lacking["framework"]) == {"Google ADK"}
+    assert set(lacking["switch"]) == {"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY"}
+
+
 def test_an_empty_store_is_shown_as_such(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     db = tmp_path / "empty.duckdb"
     open_store(db).close()

@@ -201,7 +201,7 @@ SELECT f.trace_id, f.span_id,
                                 n := CASE WHEN {_first_value(conventions.TOOL_NAME_KEYS)} IS NULL
                                           AND NOT {_has(_TRACELOOP_NAME)} THEN f.name END)) AS VARCHAR) AS tool_key,
        CAST(to_json([{", ".join(_value(k) for k in conventions.ARGUMENT_KEYS)}]) AS VARCHAR) AS args_key,
-       {_first_value(conventions.RESULT_KEYS)} AS result_text,
+       coalesce({', '.join(_value(k) for k in conventions.RESULT_KEYS)}) AS result_text,
        {_first_value(conventions.CALL_ID_KEYS)} AS call_first,
        {_first_value(conventions.MODEL_KEYS)} AS model_first,
        {_first_value(conventions.AGENT_NAME_KEYS)} AS agent_first

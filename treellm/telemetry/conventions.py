@@ -509,7 +509,7 @@ _unwrap_memo = functools.lru_cache(maxsize=8192)(unwrap_result)
 
 
 def _result(attributes: Mapping[str, str]) -> tuple[str | None, str | None]:
-    text = _first(attributes, RESULT_KEYS)
+    text = next((attributes[key] for key in RESULT_KEYS if attributes.get(key) is not None), None)
     if text is None:
         return None, None
     return _unwrap_memo(text) if len(text) <= _MEMO_CHARS else unwrap_result(text)
@@ -550,7 +550,7 @@ def arguments_of(candidates: tuple[str | None, ...]) -> tuple[str | None, str | 
 
 def result_of(text: str | None) -> tuple[str | None, str | None]:
     """(result, a call id found in its envelope) that :func:`read_span` gives a tool span whose
-    first non-empty value of :data:`RESULT_KEYS` is ``text`` (None: none)."""
+    first value of :data:`RESULT_KEYS` present (an empty one is an empty result) is ``text`` (None: none)."""
     if text is None:
         return None, None
     return _unwrap_memo(text) if len(text) <= _MEMO_CHARS else unwrap_result(text)
