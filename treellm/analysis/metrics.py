@@ -302,7 +302,7 @@ breadth AS (
 fan AS (SELECT run_id, avg(k) AS branching_factor FROM children GROUP BY run_id)
 SELECT p.run_id, p.agent, p.service, p.model, p.start_ns, p.day, p.duration_ns, p.outcome,
        p.nodes, p.think_nodes, p.tool_nodes, p.collapse_nodes, p.max_depth,
-       coalesce(b.max_breadth, 0) AS max_breadth, b.breadth_per_depth,
+       coalesce(b.max_breadth, 0) AS max_breadth, coalesce(b.breadth_per_depth, []) AS breadth_per_depth,
        coalesce(f.branching_factor, 0) AS branching_factor, coalesce(l.leaves, 0) AS leaves,
        p.pruned_calls, p.shadow_catches
 FROM picked p
