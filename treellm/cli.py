@@ -332,9 +332,9 @@ def _db(args: argparse.Namespace) -> str:
 
 
 def _cmd_ingest(args: argparse.Namespace) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from treellm.store.ingest import IngestReport, ingest
+    from treellm.store.ingest import IngestProgress, IngestReport, ingest
 
     db = f"{display_url(args.clickhouse)} ({args.clickhouse_table})" if args.clickhouse else _db(args)
 
@@ -355,18 +355,28 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     if args.json:
         report = run()
     else:
+        # On a terminal: files, bytes, new spans and spans/s, the step and the file; elsewhere
+        # rich draws nothing and the summary below is all that is printed.
         columns = (
             TextColumn("ingest"),
             BarColumn(),
-            MofNCompleteColumn(),
+            DownloadColumn(),
+            TextColumn("{task.fields[files]}"),
+            TextColumn("{task.fields[spans]}"),
             TimeElapsedColumn(),
-            TextColumn("{task.fields[file]}"),
+            TextColumn("{task.fields[step]} {task.fields[file]}"),
         )
         with Progress(*columns, console=_console(), transient=True) as bar:
-            task = bar.add_task("ingest", total=None, file="")
+            task = bar.add_task("ingest", total=None, files="", spans="", step="", file="")
 
-            def progress(done: int, total: int, path: str) -> None:
-                bar.update(task, completed=done, total=total, file=path)
+            def progress(at: IngestProgress) -> None:
+                elapsed = bar.tasks[task].elapsed or 0.0
+                rate = f", {at.spans / elapsed:,.0f} spans/s" if elapsed > 0 and at.spans else ""
+                bar.update(
+                    task, completed=at.bytes_done, total=at.bytes_total or None,
+                    files=f"file {min(at.files_done + 1, at.files)}/{at.files}",
+                    spans=f"{at.spans:,} spans{rate}", step=at.step, file=at.path,
+                )  # fmt: skip
 
             report = run(progress)
     if args.json:

@@ -41,7 +41,7 @@ from treellm.store.clickhouse_derive import (
     trace_counts_sql,
     write_derived,
 )
-from treellm.store.ingest import IngestReport, InputFormatChoice, ingest
+from treellm.store.ingest import IngestProgress, IngestReport, InputFormatChoice, ingest
 from treellm.store.transform import WRITTEN_BACK
 
 __all__ = ["ingest_clickhouse", "rows_sql"]
@@ -140,7 +140,7 @@ def ingest_clickhouse(
     input_format: InputFormatChoice = "auto",
     *,
     skip_bad: bool = False,
-    progress: Callable[[int, int, str], None] | None = None,
+    progress: Callable[[IngestProgress], None] | None = None,
 ) -> IngestReport:
     """Ingest files into ``ch``'s spans table; the report counts the spans written (a span
     already in the table is a duplicate)."""

@@ -96,6 +96,7 @@ __all__ = [
     "Accounting",
     "BadRecord",
     "FileReport",
+    "IngestProgress",
     "IngestReport",
     "InputFormatChoice",
     "Unplaced",
@@ -219,6 +220,32 @@ class FileReport:
     bad: tuple[BadRecord, ...] = ()
     warnings: tuple[str, ...] = ()  # "<path>: <what>", e.g. a trajectory run whose calls were not found
     accounting: Accounting = Accounting()
+
+
+Step = Literal["reading", "converting", "staging", "placing", "accounting", "done"]
+"""What ingest is doing with a file: reading it (its format, its lines), converting it to OTLP JSON lines (formats other than OTLP
+JSON lines), staging its lines, placing the new spans (conventions, runs, trees, ordinals),
+accounting for them; ``done`` once the file's transaction committed."""
+
+
+@dataclass(frozen=True, slots=True)
+class IngestProgress:
+    """Where an ingest is, for a progress bar (the ``progress`` callback of :func:`ingest`):
+    ``files_done`` of ``files``, ``bytes_done`` of ``bytes_total`` (the files' sizes: the current
+    file's share grows as its lines are staged and placed), the new spans stored so far (committed
+    files and the current file's placed chunks), the current file and its :data:`Step`."""
+
+    files_done: int
+    files: int
+    bytes_done: int
+    bytes_total: int
+    spans: int
+    path: str
+    step: Step
+
+
+_OnStep = Callable[[Step, float, int], None]
+"""A file's progress inside :func:`ingest_file`: (step, the share of the file done, new spans so far)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -641,7 +668,13 @@ def _load_chunk(con: duckdb.DuckDBPyConnection, capture: ForeignCapture) -> tupl
 
 
 def _load_jsonl(
-    db: Path, jsonl: Path, *, display: str, retries: int = 20, capture: CaptureMode = "redacted"
+    db: Path,
+    jsonl: Path,
+    *,
+    display: str,
+    retries: int = 20,
+    capture: CaptureMode = "redacted",
+    on_step: _OnStep | None = None,
 ) -> tuple[int, int, int, Accounting]:
     """One transaction: stage (in pieces), validate, insert, finish (every :data:`CHUNK_BYTES`),
     account for the new spans. Returns (spans, runs, duplicates, accounting); raises
@@ -656,15 +689,22 @@ def _load_jsonl(
         foreign = ForeignCapture(capture)  # its memo lives as long as the transaction
         with tempfile.TemporaryDirectory(prefix="treellm-pieces-") as tmp, _transaction(con):
             con.execute("CREATE OR REPLACE TEMP TABLE file_keys (trace_id VARCHAR, span_id VARCHAR)")
-            staged = 0
-            for piece, size in _pieces(jsonl, Path(tmp)):
+            staged = done = 0
+            size = max(jsonl.stat().st_size, 1)
+            tell = on_step or (lambda step, share, spans: None)
+            for piece, piece_bytes in _pieces(jsonl, Path(tmp)):
+                tell("staging", done / size, totals[0])
                 _stage_piece(con, piece, append=staged > 0, display=display)
-                staged += size
+                staged += piece_bytes
+                done += piece_bytes
                 if staged >= CHUNK_BYTES:
+                    tell("placing", done / size, totals[0])
                     totals = [t + v for t, v in zip(totals, _load_chunk(con, foreign), strict=True)]
                     staged = 0
             if staged:
+                tell("placing", done / size, totals[0])
                 totals = [t + v for t, v in zip(totals, _load_chunk(con, foreign), strict=True)]
+            tell("accounting", 1.0, totals[0])
             accounting = _accounting(con)
             con.execute("DROP TABLE file_keys")
         return totals[0], totals[1], totals[2], accounting
@@ -714,13 +754,15 @@ def ingest_file(
     skip_bad: bool = False,
     retries: int = 20,
     capture: Capture | CaptureMode | None = None,
+    on_step: _OnStep | None = None,
 ) -> FileReport:
     """Ingest one file in one transaction (see the module docstring).
 
     ``retries`` bounds the waits for a busy store before :class:`StoreBusyError`. ``capture``
     decides what is stored of other frameworks' spans: this argument, else
     ``configure(capture=...)``, else ``TREELLM_CAPTURE``, else ``redacted``
-    (:func:`~treellm.telemetry.redaction.resolve_capture`).
+    (:func:`~treellm.telemetry.redaction.resolve_capture`). ``on_step(step, share, spans)`` is
+    told each step, the share of the file done and the new spans placed so far.
     """
     mode = resolve_capture(capture).mode
     source = Path(path)
@@ -751,7 +793,7 @@ def ingest_file(
                     skipped = 1
                 try:
                     spans, runs, duplicates, accounting = _load_jsonl(
-                        Path(db), jsonl, display=display, retries=retries, capture=mode
+                        Path(db), jsonl, display=display, retries=retries, capture=mode, on_step=on_step
                     )
                 except _Refused:
                     pass
@@ -763,13 +805,15 @@ def ingest_file(
             jsonl, skipped, bad = _canonical_copy(source, folder, keep_bad=skip_bad, display=display)
         else:
             jsonl = folder / "converted.jsonl"
+            if on_step is not None:
+                on_step("converting", 0.0, 0)
             bad, warnings = _convert(source, fmt, jsonl, skip_bad=skip_bad, display=display)
         if jsonl.stat().st_size == 0:
             empty = not bad and not skipped
             return FileReport(display, fmt, 0, 0, 0, skipped, empty=empty, bad=tuple(bad), warnings=tuple(warnings))
         try:
             spans, runs, duplicates, accounting = _load_jsonl(
-                Path(db), jsonl, display=display, retries=retries, capture=mode
+                Path(db), jsonl, display=display, retries=retries, capture=mode, on_step=on_step
             )
         except _Refused as exc:
             raise IngestError(f"DuckDB refused the file: {exc}", path=display) from exc
@@ -857,24 +901,37 @@ def ingest(
     input_format: InputFormatChoice = "auto",
     *,
     skip_bad: bool = False,
-    progress: Callable[[int, int, str], None] | None = None,
+    progress: Callable[[IngestProgress], None] | None = None,
     capture: Capture | CaptureMode | None = None,
 ) -> IngestReport:
     """Ingest files (folders are walked) into the store at ``store``, one transaction each.
 
     Without ``skip_bad`` the first bad file raises :class:`IngestError`; the files
-    before it stay ingested (each was its own transaction). ``progress(done, total,
-    path)`` is called before each file. ``capture``: as :func:`ingest_file`.
+    before it stay ingested (each was its own transaction). ``progress`` is told where the
+    ingest is (:class:`IngestProgress`) at each step of each file, and once at the end (step
+    ``done``, every byte done). ``capture``: as :func:`ingest_file`.
     """
     capture = resolve_capture(capture)
     files, skipped_files = _expand(paths)
+    sizes = [f.stat().st_size if f.is_file() else 0 for f in files]
+    total = sum(sizes)
     reports: list[FileReport] = []
+    before = spans = 0
     for index, file in enumerate(files):
+        on_step: _OnStep | None = None
         if progress is not None:
-            progress(index, len(files), str(file))
-        reports.append(ingest_file(store, file, input_format, skip_bad=skip_bad, capture=capture))
+            tell = progress
+
+            def on_step(step: Step, share: float, placed: int, i: int = index, offset: int = before) -> None:
+                done = offset + min(sizes[i], int(sizes[i] * share))
+                tell(IngestProgress(i, len(files), done, total, spans + placed, str(files[i]), step))
+
+            on_step("reading", 0.0, 0)
+        reports.append(ingest_file(store, file, input_format, skip_bad=skip_bad, capture=capture, on_step=on_step))
+        before += sizes[index]
+        spans += reports[-1].spans
     if progress is not None:
-        progress(len(files), len(files), "")
+        progress(IngestProgress(len(files), len(files), total, total, spans, "", "done"))
     return IngestReport(
         files=len(files),
         spans=sum(r.spans for r in reports),
