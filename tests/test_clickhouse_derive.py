@@ -9,6 +9,7 @@ its own spans table and treellm database in it.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import threading
 import urllib.error
@@ -229,6 +230,25 @@ def test_the_derive_command_and_the_reports_warning(
     for bad in ("nine", "host:99999"):
         assert main(["derive", *options, "--once", "--health", bad]) == 1
         assert "expected --health as [HOST:]PORT" in capsys.readouterr().err
+
+
+def test_derive_draws_its_bar_on_a_terminal_above_the_pass_lines(
+    folder: Path, connect: Connect, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"chdb:{folder / 'chdb'}"
+    options = ["--clickhouse", url, "--clickhouse-table", "bar.otel_traces", "--clickhouse-database", "treellm_bar"]
+    rows = file_rows(SAMPLES[0])
+    insert(connect("bar", None), rows)
+    traces = len({r["TraceId"] for r in rows})
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")
+    monkeypatch.setenv("TTY_INTERACTIVE", "1")
+    capsys.readouterr()
+    assert main(["derive", *options, "--once", "--wait", "0"]) == 0
+    out, drawn = capsys.readouterr()
+    err = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", drawn)
+    assert "shard 0/1: derived" in out
+    # the last frame, drawn when the bar stops: every due trace derived, with the spans and the lag
+    assert f"{traces}/{traces} traces, {len(rows):,} spans" in err and "lag 0.0s" in err
 
 
 @pytest.mark.parametrize("text", ["2/2", "1", "a/b", "-1/2", "0/0", ""])

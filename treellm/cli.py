@@ -445,6 +445,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_derive(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from treellm.store.clickhouse import open_clickhouse
     from treellm.store.clickhouse_derive import DeriveHealth, DeriveReport, parse_shard, run_derive, serve_health
 
@@ -459,9 +461,25 @@ def _cmd_derive(args: argparse.Namespace) -> int:
             raise ConfigError(f"expected --health as [HOST:]PORT, such as 9464 or 0.0.0.0:9464, got {args.health!r}")
         address = (host or "127.0.0.1", int(port))
     ch = open_clickhouse(args.clickhouse, table=args.clickhouse_table, database=args.clickhouse_database)
+    # On a terminal a bar of the traces derived against those due, spans/s and the lag, above which
+    # each pass prints its line (to stdout: into a pipe when stdout is one); elsewhere only the
+    # lines (rich draws nothing).
+    bar = Progress(
+        TextColumn("derive"), BarColumn(), MofNCompleteColumn(), TextColumn("traces, {task.fields[spans]}"),
+        TimeElapsedColumn(), console=_console(), transient=True, disable=args.json,
+        redirect_stdout=sys.stdout.isatty(),
+    )  # fmt: skip
+    task = bar.add_task("derive", total=None, spans="")
+    derived = [0, 0]  # traces, spans
 
     def show(done: DeriveReport) -> None:
         health.record(done)
+        derived[0] += done.traces
+        derived[1] += done.spans
+        elapsed = bar.tasks[task].elapsed or 0.0
+        rate = f", {derived[1] / elapsed:,.0f} spans/s" if elapsed > 0 and derived[1] else ""
+        bar.update(task, completed=derived[0], total=derived[0] + done.due,
+                   spans=f"{derived[1]:,} spans{rate}, lag {done.lag_s:.1f}s")  # fmt: skip
         if args.json:
             payload = {k: getattr(done, k) for k in done.__slots__ if k != "bad_records"}
             _print_json({**payload, "bad_records": len(done.bad_records)})
@@ -480,7 +498,8 @@ def _cmd_derive(args: argparse.Namespace) -> int:
                 raise ConfigError(f"cannot serve /health on {args.health}: {exc.strerror or exc}") from None
             where = f"http://{address[0]}:{server.server_address[1]}/health"
             print(f"treellm: derive health on {where}", file=sys.stderr, flush=True)
-        run_derive(ch, shard=shard, wait_s=args.wait, once=args.once, interval_s=args.interval, report=show)
+        with bar:
+            run_derive(ch, shard=shard, wait_s=args.wait, once=args.once, interval_s=args.interval, report=show)
     except KeyboardInterrupt:
         return 130
     finally:
