@@ -169,10 +169,10 @@ def _tree(pid: int) -> list[int]:
 
 
 class CollectorProcess:
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, options: Sequence[str] = ()) -> None:
         self.db = folder / "store.duckdb"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "treellm.collector", "--db", str(self.db), "--port", "0"],
+            [sys.executable, "-m", "treellm.collector", "--db", str(self.db), "--port", "0", *options],
             stderr=subprocess.PIPE, text=True, cwd=ROOT,
         )  # fmt: skip
         assert self.process.stderr is not None
@@ -332,10 +332,10 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
-def pre_encoded(args: argparse.Namespace, template: Template, *,
-                with_reader: bool, rate: float | None = None) -> Row:  # fmt: skip
+def pre_encoded(args: argparse.Namespace, template: Template, *, with_reader: bool, rate: float | None = None,
+                options: Sequence[str] = (), label: str = "") -> Row:  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="treellm-bench-collector-") as tmp:
-        collector = CollectorProcess(Path(tmp))
+        collector = CollectorProcess(Path(tmp), options)
         load = Load(args.spans_per_request)
         stop, samples = threading.Event(), list[Sample]()
         watcher = threading.Thread(target=reader, args=(collector.db, load, stop, samples)) if with_reader else None
@@ -363,7 +363,7 @@ def pre_encoded(args: argparse.Namespace, template: Template, *,
             f"{max(waits):.2f} s, query {_percentile(queries, 0.5) * 1000:.0f} ms, visible data behind by p50 "
             f"{_percentile(ages, 0.5):.1f} s / max {max(ages):.1f} s"
         )
-    name = "pre-encoded" + (f", paced to {rate:,.0f}/s" if rate else "") + (" + reader" if with_reader else "")
+    name = "pre-encoded" + label + (f", paced to {rate:,.0f}/s" if rate else "") + (" + reader" if with_reader else "")
     latencies = load.latencies
     return Row(name, achieved, _percentile(latencies, 0.5) * 1000, _percentile(latencies, 0.99) * 1000,
                load.refused, ok, drain_s, note)  # fmt: skip
@@ -440,7 +440,8 @@ def main() -> None:
     parser.add_argument("--spans-per-request", type=int, default=100)
     parser.add_argument("--paced", type=float, default=20_000.0, help="offered spans/s of the paced run")
     parser.add_argument("--scenarios", default="decode,full,reader,paced,sdk",
-                        help="which rows, in order (comma-separated: decode, full, reader, paced, sdk)")  # fmt: skip
+                        help="which rows, in order (comma-separated: decode, full, full-nice0, reader, paced, "
+                             "sdk)")  # fmt: skip
     args = parser.parse_args()
     template = template_request(args.spans_per_request)
     check = ExportTraceServiceRequest.FromString(template.request(41)).resource_spans[0].scope_spans[0].spans
@@ -451,6 +452,10 @@ def main() -> None:
     scenarios = {
         "decode": lambda: decode_alone(args, template),
         "full": lambda: pre_encoded(args, template, with_reader=False),
+        "full-nice0": lambda: pre_encoded(args, template, with_reader=False, options=["--flusher-nice", "0"],
+                                          label=", flusher not niced"),
+        "full-nice19": lambda: pre_encoded(args, template, with_reader=False, options=["--flusher-nice", "19"],
+                                           label=", flusher nice 19"),
         "reader": lambda: pre_encoded(args, template, with_reader=True),
         "paced": lambda: pre_encoded(args, template, with_reader=True, rate=args.paced),
         "sdk": lambda: sdk_exporter(args),

@@ -575,6 +575,21 @@ def test_settings_are_validated_with_expected_and_got() -> None:
     with pytest.raises(ConfigError, match="port"):
         CollectorConfig(port=70000)
     assert "s3cret" not in repr(CollectorConfig(token="s3cret"))
+    for nice in (-1, 20, True, 1.5):
+        with pytest.raises(ConfigError, match="flusher_nice: expected a nice increment 0-19"):
+            CollectorConfig(flusher_nice=nice)
+
+
+def test_the_flusher_runs_below_the_receivers_priority(tmp_path: Path) -> None:
+    """Under a full load the cores go to acknowledging first: the flusher's thread (and the DuckDB
+    threads it starts) runs at a nice value ``flusher_nice`` above the receiver's."""
+    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    with Collector(tmp_path / "store.duckdb", CollectorConfig(port=0, flusher_nice=7)) as running:
+        thread = running.flusher._thread
+        assert thread is not None and thread.native_id is not None
+        assert running.flusher.running.wait(60)  # the thread lowers its own priority as it starts
+        assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == min(19, own + 7)
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own  # the receiver's: unchanged
 
 
 def test_the_token_env_var_must_be_set(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -75,6 +75,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="hold at most N connections from one peer (an IPv4 address, an IPv6 /64); more are closed at once "
         f"(default {DEFAULTS.max_connections_per_peer})",
     )
+    add(
+        "--flusher-nice",
+        type=int,
+        metavar="N",
+        help="lower the flusher's CPU priority by N (0-19; Linux) so that acknowledging comes first under load "
+        f"(default {DEFAULTS.flusher_nice})",
+    )
     add("-v", "--verbose", action="store_true", help="log starts, stops and replays")
 
 
@@ -104,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         body_timeout_s=args.body_timeout,
         max_connections=args.max_connections,
         max_connections_per_peer=args.max_connections_per_peer,
+        flusher_nice=args.flusher_nice,
     )
     return serve(
         db,

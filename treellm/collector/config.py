@@ -87,6 +87,10 @@ class CollectorConfig:
       decoded on the event loop all the same. The processes are spawned: a program that starts a
       collector itself guards its start with ``if __name__ == "__main__":`` (else they cannot
       start, and it decodes on threads, saying so once).
+    - ``flusher_nice``: how much lower the flusher's CPU priority is than the receiver's (0-19;
+      Linux: the nice value of the flusher's thread, and of the DuckDB threads it starts, raised
+      by this much). Under a full load the cores go to acknowledging first; the store catches up
+      when the load eases (the journal holds what is acknowledged meanwhile, up to its bound).
     """
 
     host: str = "127.0.0.1"
@@ -106,6 +110,7 @@ class CollectorConfig:
     max_connections_per_peer: int = 64
     descriptor_reserve: int = 32
     decode_workers: int | None = None
+    flusher_nice: int = 10
 
     def __post_init__(self) -> None:
         _expect("host", isinstance(self.host, str) and host_problem(self.host) is None,
@@ -133,6 +138,8 @@ class CollectorConfig:
         _expect("decode_workers", self.decode_workers is None or (isinstance(self.decode_workers, int) and
                 not isinstance(self.decode_workers, bool) and self.decode_workers >= 0),
                 "a number of processes >= 0 or none (one per core)", self.decode_workers)  # fmt: skip
+        _expect("flusher_nice", isinstance(self.flusher_nice, int) and not isinstance(self.flusher_nice, bool)
+                and 0 <= self.flusher_nice <= 19, "a nice increment 0-19", self.flusher_nice)  # fmt: skip
 
     def replace(self, **changes: Any) -> CollectorConfig:
         """A copy with ``changes`` applied (``None`` values are ignored: "not given")."""

@@ -204,7 +204,7 @@ class Collector:
         self.metrics_journal = self._journal(folder / METRICS_FOLDER)
         self.flusher = Flusher(
             self.db, self.journal, interval_s=config.flush_interval_s, metrics_journal=self.metrics_journal,
-            ingest=ingest,
+            ingest=ingest, nice=config.flusher_nice,
         )  # fmt: skip
         self.app = Starlette(
             routes=[

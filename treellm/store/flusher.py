@@ -173,6 +173,18 @@ def _same_process_reader(exc: StoreError) -> bool:
     return "different configuration" in str(exc)
 
 
+def _lower_priority(increment: int) -> None:
+    """Raise the calling thread's nice value by ``increment`` (Linux, where a thread id names the
+    thread alone; the threads it starts inherit it). Elsewhere, or when refused, nothing."""
+    if increment <= 0 or not hasattr(os, "setpriority") or not os.uname().sysname == "Linux":
+        return
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment))
+    except OSError as exc:
+        logger.info("could not lower the flusher's priority: %s", exc)
+
+
 class Flusher:
     """Moves closed segments of ``journal`` into the store at ``db`` (see the module docstring)."""
 
@@ -186,6 +198,7 @@ class Flusher:
         ingest: IngestFn = ingest_file,
         clock: Callable[[], float] = time.monotonic,
         metrics_journal: Journal | None = None,
+        nice: int = 0,
     ) -> None:
         self.db = Path(db)
         self.journal = journal
@@ -206,6 +219,9 @@ class Flusher:
         self._rejected = 0
         self._last_flush: float | None = None
         self._accounting = Accounting()  # replaced whole (immutable): read from any thread
+        self.nice = nice
+        self.running = threading.Event()
+        """Set once the thread of :meth:`start` runs (its priority lowered by ``nice``)."""
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="treellm-flusher", daemon=True)
@@ -224,6 +240,8 @@ class Flusher:
             self._thread = None
 
     def _run(self) -> None:
+        _lower_priority(self.nice)
+        self.running.set()
         backoff = 0.0
         while not self._stop.is_set():
             started = self._clock()
