@@ -32,8 +32,8 @@ BLOCK = re.compile(r"```(?:bash|mswea_bash_command)\s*\n(.*?)\n```", re.DOTALL)
 
 def stored(result: str | None) -> str | None:
     """A result as the store keeps every framework's results (``conventions.unwrap_result``:
-    an empty text is no captured result, a JSON text such as ``344\\n`` is re-dumped)."""
-    return unwrap_result(result)[0] if result else None
+    an empty text is an empty result, a JSON text such as ``344\\n`` is re-dumped)."""
+    return None if result is None else unwrap_result(result)[0]
 
 
 def calls_of(db: Path) -> dict[str, list[tuple[str, str, dict[str, Any], str | None]]]:

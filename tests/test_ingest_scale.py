@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from treellm.analysis import repeat_outcome_by_tool
 from treellm.engine import repeats
 from treellm.engine.tools import result_hash
 from treellm.errors import StoreError
@@ -210,13 +211,17 @@ def test_earlier_ids_are_a_view_equal_to_the_tuple() -> None:
     assert view != ("b",) and hash(view) == hash(("b", "c")) and repr(view) == "('b', 'c')"
 
 
-def test_a_long_trajectory_of_one_repeated_call_records_every_earlier_call(tmp_path: Path) -> None:
+def test_a_long_trajectory_of_one_repeated_call_is_one_chain_judged_without_its_square(tmp_path: Path) -> None:
+    """A loop of k identical calls stores k rows of k facts each, not k²/2 earlier ids: each call
+    names its chain (the first call) and its 64 most recent earlier calls; each repeat is judged
+    against every earlier call of its chain all the same."""
     calls = LINE_SPANS // 2 + 100  # more spans than one line holds
+    results = ["same" if k % 10 else f"changed {k // 20}" for k in range(calls)]  # some come back
     messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
     for k in range(calls):
         call = {"id": f"c{k}", "type": "function", "function": {"name": "bash", "arguments": '{"command": "cat a"}'}}
         messages += [{"role": "assistant", "content": "", "tool_calls": [call]},
-                     {"role": "tool", "tool_call_id": f"c{k}", "content": "same"}]  # fmt: skip
+                     {"role": "tool", "tool_call_id": f"c{k}", "content": results[k]}]  # fmt: skip
     path = tmp_path / "long.traj.json"
     path.write_text(json.dumps({"messages": messages}), encoding="utf-8")
     db = tmp_path / "store.duckdb"
@@ -225,15 +230,25 @@ def test_a_long_trajectory_of_one_repeated_call_records_every_earlier_call(tmp_p
     con = open_store(db, read_only=True)
     try:
         rows = con.execute(
-            "SELECT span_id, ordinal, earlier_node_ids FROM spans WHERE operation = 'execute_tool' ORDER BY start_ns"
+            "SELECT span_id, ordinal, earlier_node_ids, repeat_chain FROM spans WHERE operation = 'execute_tool' "
+            "ORDER BY start_ns"
         ).fetchall()
+        outcomes = repeat_outcome_by_tool(con)
     finally:
         con.close()
-    assert [ordinal for _, ordinal, _ in rows] == list(range(1, calls + 1))
-    span_ids = [span_id for span_id, _, _ in rows]
-    assert rows[0][2] is None
-    assert json.loads(rows[-1][2]) == span_ids[:-1]
-    assert json.loads(rows[calls // 2][2]) == span_ids[: calls // 2]
+    assert [ordinal for _, ordinal, _, _ in rows] == list(range(1, calls + 1))
+    span_ids = [span_id for span_id, _, _, _ in rows]
+    assert {chain for _, _, _, chain in rows} == {span_ids[0]}
+    assert rows[0][2] is None and json.loads(rows[1][2]) == span_ids[:1]
+    assert json.loads(rows[-1][2]) == span_ids[-1 - foreign.EARLIER_KEPT : -1]
+    # productive when its result differs from every earlier one of the chain, else wasted
+    seen: set[str] = set()
+    productive = 0
+    for k, result in enumerate(results):
+        productive += k > 0 and result not in seen
+        seen.add(result)
+    totals = outcomes[["repeats", "productive", "wasted", "unknown"]].sum().to_dict()
+    assert totals == {"repeats": calls - 1, "productive": productive, "wasted": calls - 1 - productive, "unknown": 0}
 
 
 def test_a_duckdb_error_inside_the_placement_is_reported_as_itself(

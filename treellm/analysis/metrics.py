@@ -43,19 +43,25 @@ SELECT run_id, coalesce(node_id, span_id) AS node_id, node_parent_id AS parent_i
        ordinal, limit_n AS "limit", limit_source, result_hash, coalesce(shadow_caught, false) AS shadow_caught,
        CASE WHEN status_code = 2 OR node_status = 'failed' THEN 'failed' ELSE 'completed' END AS status,
        arguments, result, start_ns, end_ns, end_ns - start_ns AS duration_ns, earlier_node_ids, trace_id, span_id,
-       convention, scope_name
+       convention, scope_name, repeat_chain
 FROM spans
 WHERE tool_name IS NOT NULL AND (operation = 'execute_tool' OR node_kind = 'tool') AND run_id IS NOT NULL
   AND NOT coalesce(internal, false)
 """
 
-# Every executed repeat (ordinal >= 2) with its outcome.
+# Every executed repeat (ordinal >= 2) with its outcome, judged against the earlier identical calls
+# that its count counted: for treellm's own calls those its ``earlier_node_ids`` name (its path in
+# the tree, branches apart); for another framework's calls the calls of its ``repeat_chain`` of
+# lower ordinal (their paths have no branches: ``store/trees.py``), by window functions, so a loop
+# of k identical calls costs k rows, never k²/2 pairs.
+_JUDGED = """run_id, node_id, tool, ordinal, status, shadow_caught, duration_ns, result_chars, start_ns, {limit},
+       signature, arguments, all_differ, missing_result, last_status, last_earlier, has_earlier"""
 REPEATS_SQL = f"""
 WITH calls AS ({CALLS_SQL}),
 picked AS (SELECT * FROM calls c WHERE {{where}}),
 reps AS (
     SELECT p.*, from_json(coalesce(p.earlier_node_ids, '[]'), '["VARCHAR"]') AS earlier
-    FROM picked p WHERE p.ordinal >= 2
+    FROM picked p WHERE p.ordinal >= 2 AND p.repeat_chain IS NULL
 ),
 pairs AS (
     SELECT r.run_id, r.node_id, e.result_hash AS e_hash, e.status AS e_status, e.node_id AS e_node,
@@ -63,7 +69,7 @@ pairs AS (
     FROM reps r CROSS JOIN unnest(r.earlier) AS u(eid)
     JOIN calls e ON e.run_id = r.run_id AND e.node_id = u.eid
 ),
-judged AS (
+listed AS (
     SELECT r.run_id, r.node_id, any_value(r.tool) AS tool, any_value(r.ordinal) AS ordinal,
            any_value(r.status) AS status, any_value(r.shadow_caught) AS shadow_caught,
            any_value(r.duration_ns) AS duration_ns, any_value(length(r.result)) AS result_chars,
@@ -76,6 +82,30 @@ judged AS (
            arg_max(p.pos, p.pos) IS NOT NULL AS has_earlier
     FROM reps r LEFT JOIN pairs p USING (run_id, node_id)
     GROUP BY r.run_id, r.node_id
+),
+chains AS (
+    SELECT c.run_id, c.node_id, c.repeat_chain, c.ordinal, c.status, c.result_hash,
+           min(CASE WHEN c.result_hash IS NULL THEN c.ordinal END)
+               OVER (PARTITION BY c.run_id, c.repeat_chain) AS first_missing,
+           min(c.ordinal) OVER (PARTITION BY c.run_id, c.repeat_chain, c.result_hash) AS first_same
+    FROM calls c
+    WHERE c.repeat_chain IS NOT NULL
+      AND c.run_id IN (SELECT run_id FROM picked WHERE ordinal >= 2 AND repeat_chain IS NOT NULL)
+),
+chained AS (
+    SELECT r.run_id, r.node_id, r.tool, r.ordinal, r.status, r.shadow_caught, r.duration_ns,
+           length(r.result) AS result_chars, r.start_ns, r."limit", r.signature, r.arguments,
+           k.first_same = r.ordinal AS all_differ,
+           r.result_hash IS NULL OR coalesce(k.first_missing < r.ordinal, false) AS missing_result,
+           e.status AS last_status, e.node_id AS last_earlier, e.node_id IS NOT NULL AS has_earlier
+    FROM picked r JOIN chains k ON k.run_id = r.run_id AND k.node_id = r.node_id
+    LEFT JOIN chains e ON e.run_id = r.run_id AND e.repeat_chain = r.repeat_chain AND e.ordinal = r.ordinal - 1
+    WHERE r.ordinal >= 2
+),
+judged AS (
+    SELECT {_JUDGED.format(limit='"limit"')} FROM listed
+    UNION ALL
+    SELECT {_JUDGED.format(limit='"limit"')} FROM chained
 )
 SELECT *,
        CASE WHEN status = 'failed' THEN 'wasted'
@@ -97,7 +127,7 @@ WITH calls AS ({CALLS_SQL}),
 picked AS (SELECT * FROM calls c WHERE {{where}}),
 reps AS (
     SELECT p.*, JSONExtract(coalesce(p.earlier_node_ids, '[]'), 'Array(String)') AS earlier
-    FROM picked p WHERE p.ordinal >= 2
+    FROM picked p WHERE p.ordinal >= 2 AND p.repeat_chain IS NULL
 ),
 pairs AS (
     SELECT r.run_id AS run_id, r.node_id AS node_id, e.result_hash AS e_hash, e.status AS e_status,
@@ -105,7 +135,7 @@ pairs AS (
     FROM reps r ARRAY JOIN r.earlier AS eid
     JOIN calls e ON e.run_id = r.run_id AND e.node_id = eid
 ),
-judged AS (
+listed AS (
     SELECT r.run_id AS run_id, r.node_id AS node_id, any(r.tool) AS tool, any(r.ordinal) AS ordinal,
            any(r.status) AS status, any(r.shadow_caught) AS shadow_caught,
            any(r.duration_ns) AS duration_ns, any(lengthUTF8(r.result)) AS result_chars,
@@ -119,6 +149,32 @@ judged AS (
            toBool(argMax(p.pos, p.pos) IS NOT NULL) AS has_earlier
     FROM reps r LEFT JOIN pairs p ON p.run_id = r.run_id AND p.node_id = r.node_id
     GROUP BY r.run_id, r.node_id
+),
+chains AS (
+    SELECT c.run_id AS run_id, c.node_id AS node_id, c.repeat_chain AS repeat_chain, c.ordinal AS ordinal,
+           c.status AS status, c.result_hash AS result_hash,
+           min(CASE WHEN c.result_hash IS NULL THEN c.ordinal END)
+               OVER (PARTITION BY c.run_id, c.repeat_chain) AS first_missing,
+           min(c.ordinal) OVER (PARTITION BY c.run_id, c.repeat_chain, c.result_hash) AS first_same
+    FROM calls c
+    WHERE c.repeat_chain IS NOT NULL
+      AND c.run_id IN (SELECT run_id FROM picked WHERE ordinal >= 2 AND repeat_chain IS NOT NULL)
+),
+chained AS (
+    SELECT r.run_id AS run_id, r.node_id AS node_id, r.tool AS tool, r.ordinal AS ordinal, r.status AS status,
+           r.shadow_caught AS shadow_caught, r.duration_ns AS duration_ns, lengthUTF8(r.result) AS result_chars,
+           r.start_ns AS start_ns, r.`limit` AS `limit`, r.signature AS signature, r.arguments AS arguments,
+           toBool(k.first_same = r.ordinal) AS all_differ,
+           toBool(r.result_hash IS NULL OR coalesce(k.first_missing < r.ordinal, false)) AS missing_result,
+           e.status AS last_status, e.node_id AS last_earlier, toBool(e.node_id IS NOT NULL) AS has_earlier
+    FROM picked r JOIN chains k ON k.run_id = r.run_id AND k.node_id = r.node_id
+    LEFT JOIN chains e ON e.run_id = r.run_id AND e.repeat_chain = r.repeat_chain AND e.ordinal = r.ordinal - 1
+    WHERE r.ordinal >= 2
+),
+judged AS (
+    SELECT {_JUDGED.format(limit="`limit`")} FROM listed
+    UNION ALL
+    SELECT {_JUDGED.format(limit="`limit`")} FROM chained
 )
 SELECT *,
        multiIf(status = 'failed', 'wasted', last_status = 'failed', 'productive', missing_result, 'unknown',

@@ -18,7 +18,8 @@ the rules allow:
   value; the answers go back as tables joined in SQL.
 - The trees are placed a batch of whole traces (about :data:`_PLACE_SPANS` spans) at a time, and
   their answer goes back in bounded updates; a call's earlier identical calls are views of one
-  list per key (:class:`treellm.store.trees.EarlierIds`), never a tuple per call.
+  list per key (:class:`treellm.store.trees.EarlierIds`), never a tuple per call, and each call
+  stores its chain (``repeat_chain``) and at most :data:`EARLIER_KEPT` of them.
 - Whole traces are placed again whenever one of their spans arrives, so spans stored
   before their run's root (a batch exporter sends children first) move to that run.
 - A placement again never reads what the redaction rewrote: when a counted call is first
@@ -65,7 +66,7 @@ from treellm.signature import RawArguments, canonical_json, hash_text, parse_arg
 from treellm.store.trees import Placement, SpanFacts, place_traces
 from treellm.telemetry import conventions
 
-__all__ = ["DEFAULT_INTERNAL", "FOREIGN_COLUMNS", "finish_foreign", "internal_tools", "read_foreign"]
+__all__ = ["DEFAULT_INTERNAL", "EARLIER_KEPT", "FOREIGN_COLUMNS", "finish_foreign", "internal_tools", "read_foreign"]
 
 DEFAULT_INTERNAL = frozenset(conventions.DEFAULT_INTERNAL_TOOLS)
 _DEFAULT_RULE = repeats.ToolRule()
@@ -522,9 +523,13 @@ def _span_facts(spans: dict[str, list[Any]]) -> tuple[list[SpanFacts], dict[tupl
 
 
 _UPDATE_ROWS = 100_000
-_UPDATE_EARLIER_IDS = 2_000_000
-"""The placement's answer goes back in updates of at most this many rows, or this many earlier ids
-(a call repeated k times has k²/2 of them over the run): Python never holds more of it at once."""
+"""The placement's answer goes back in updates of at most this many rows: Python never holds more
+of it at once."""
+EARLIER_KEPT: Final = 64
+"""A counted call of another framework stores its most recent earlier identical calls, at most
+this many (``earlier_node_ids``; ``ordinal - 1`` says how many there are): a repeat is judged
+against its chain (``repeat_chain``), so what a loop stores grows with its calls, not with
+their square."""
 
 
 def _update_runs(
@@ -540,7 +545,8 @@ def _update_runs(
             "node_parent_id": [p.node_parent_id for p in placed],
             "node_depth": [p.depth for p in placed],
             "ordinal": [p.ordinal for p in placed],
-            "earlier_node_ids": [json.dumps(list(p.earlier)) if p.earlier else None for p in placed],
+            "earlier_node_ids": [json.dumps(list(p.earlier[-EARLIER_KEPT:])) if p.earlier else None for p in placed],
+            "repeat_chain": [p.repeat_chain for p in placed],
             "orphan": [p.orphan for p in placed],
             "anchor_node_id": [p.anchor for p in placed],
             "call_digest": [None if k is None else k[0] for k in keys],
@@ -552,6 +558,7 @@ def _update_runs(
             "UPDATE spans SET run_id = u.run_id, node_kind = u.node_kind, node_parent_id = u.node_parent_id, "
             "node_depth = u.node_depth, ordinal = u.ordinal, earlier_node_ids = u.earlier_node_ids, "
             "anchor_node_id = u.anchor_node_id, call_digest = u.call_digest, call_targets = u.call_targets, "
+            "repeat_chain = u.repeat_chain, "
             "orphan_parent = CASE WHEN u.orphan THEN coalesce(spans.orphan_parent, spans.parent_span_id, '') "
             "                     WHEN spans.parent_span_id IS NULL THEN spans.orphan_parent END "
             "FROM run_updates u WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id "
@@ -576,13 +583,9 @@ def _place_batch(con: duckdb.DuckDBPyConnection, batch: int) -> None:
     del spans
     placed = place_traces(facts)  # the spans of other frameworks among them are updated (the WHERE below)
     del facts
-    start = earlier = 0
-    for index, p in enumerate(placed):
-        earlier += len(p.earlier)
-        if index + 1 - start >= _UPDATE_ROWS or earlier >= _UPDATE_EARLIER_IDS or index + 1 == len(placed):
-            part = placed[start : index + 1]
-            _update_runs(con, part, [stored.get((p.trace_id, p.span_id)) for p in part])
-            start, earlier = index + 1, 0
+    for start in range(0, len(placed), _UPDATE_ROWS):
+        part = placed[start : start + _UPDATE_ROWS]
+        _update_runs(con, part, [stored.get((p.trace_id, p.span_id)) for p in part])
 
 
 def read_foreign(con: duckdb.DuckDBPyConnection, internal: frozenset[str] | None = None) -> None:

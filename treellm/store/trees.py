@@ -28,7 +28,9 @@
   32-bit signature) that count: counted by
   :class:`treellm.loop.PathSignatures`, the runtime's own rule (a state change restarts
   the counts of the calls that read what it wrote; ``docs/architecture.md``);
-  ``earlier`` names them (span ids). Framework-internal calls have no key and no ordinal.
+  ``earlier`` names them (span ids), and ``repeat_chain`` the first of them (the chain of
+  identical calls that count: ordinals 1, 2, ... on the path, until a restart).
+  Framework-internal calls have no key and no ordinal.
 
 Input order does not matter: a run's spans that arrived before its root are placed
 again when the root arrives (the caller recomputes whole traces).
@@ -124,6 +126,17 @@ class Placement:
     anchor: str | None = None
     """For a span that is not a node: the think node current on its run when it started
     (a caught call's event on it hangs there)."""
+
+    @property
+    def repeat_chain(self) -> str | None:
+        """The first call of the counted call's chain of identical calls (its oldest earlier one
+        that counts, else itself; None for a span that is no counted call). On a path of another
+        framework (linear: no branches) the earlier calls that count are exactly the chain's calls
+        of lower ordinal, ordinals 1 to ``ordinal - 1``: a query can judge a repeat against them
+        without the list (``analysis.metrics.REPEATS_SQL``)."""
+        if self.ordinal is None:
+            return None
+        return self.earlier[0] if self.earlier else self.span_id
 
 
 def _chain(span: SpanFacts, by_id: dict[str, SpanFacts]) -> list[SpanFacts]:
