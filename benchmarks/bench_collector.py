@@ -452,10 +452,12 @@ def main() -> None:
     scenarios = {
         "decode": lambda: decode_alone(args, template),
         "full": lambda: pre_encoded(args, template, with_reader=False),
-        "full-nice0": lambda: pre_encoded(args, template, with_reader=False, options=["--flusher-nice", "0"],
-                                          label=", flusher not niced"),
-        "full-nice19": lambda: pre_encoded(args, template, with_reader=False, options=["--flusher-nice", "19"],
-                                           label=", flusher nice 19"),
+        "full-nice0": lambda: pre_encoded(
+            args, template, with_reader=False, options=["--flusher-nice", "0"], label=", flusher not niced"
+        ),
+        "full-nice19": lambda: pre_encoded(
+            args, template, with_reader=False, options=["--flusher-nice", "19"], label=", flusher nice 19"
+        ),
         "reader": lambda: pre_encoded(args, template, with_reader=True),
         "paced": lambda: pre_encoded(args, template, with_reader=True, rate=args.paced),
         "sdk": lambda: sdk_exporter(args),

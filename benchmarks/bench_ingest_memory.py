@@ -1,13 +1,15 @@
 """Peak memory of ``treellm ingest`` against the calls of one chat trajectory (and an OTLP file).
 
 Run: .venv/bin/python benchmarks/bench_ingest_memory.py [--calls 2000 6000 20000] [--otlp-spans 0] [--keep DIR]
+         [--shapes mixed,looping,stuck] [--before DIR]
 
 One mini-swe-agent-shaped trajectory file per size (``{info, messages, trajectory_format}``,
 OpenAI ``tool_calls`` of the tool ``bash``, each answered by a ``role: tool`` message; about
 1.3 KB a call, so 20,000 calls are ~27 MB) in two shapes: ``mixed`` (reads, edits with ``sed -i``,
 test runs, some identical re-reads, as an agent's long run has them) and ``looping`` (an
-agent stuck cycling through the same 20 reads, nothing written between: every call repeats,
-and each call's earlier identical calls, which the placement records, grow with the run).
+agent cycling through the same 20 reads, nothing written between: every call repeats, and each
+call's earlier identical calls grow with the run) and ``stuck`` (one read, the same every call:
+one chain of identical calls as long as the run).
 Each file is ingested by the whole ``treellm ingest`` command in a child process at the
 default ``TREELLM_INGEST_MEMORY_LIMIT``; its peak RSS is ``VmHWM`` from ``/proc/<pid>/status``
 (polled; it only grows). The table prints the peak against the calls, and the ratio of each
@@ -15,7 +17,9 @@ row's peak (and calls) to the first row of its shape: memory that grows sublinea
 calls has a peak ratio well below the calls ratio.
 
 ``--otlp-spans N`` adds a row for a batched OTLP JSONL file of N spans (the Collector's file
-exporter shape, as ``bench_ingest_batched.py`` writes it).
+exporter shape, as ``bench_ingest_batched.py`` writes it). ``--before DIR`` (a checkout of an
+older commit, e.g. a ``git worktree``) ingests every file with that tree's treellm too
+(``PYTHONPATH=DIR``), each file's two runs back to back, and prints both side by side.
 """
 
 from __future__ import annotations
@@ -62,10 +66,18 @@ def _looping(rng: random.Random, k: int) -> tuple[str, str]:
     return f"cat {path}", f"<returncode>0</returncode>\n<output>{body}</output>"
 
 
-def generate_trajectory(path: Path, calls: int, *, looping: bool = False, seed: int = 7) -> None:
+def _stuck(rng: random.Random, k: int) -> tuple[str, str]:
+    """An agent stuck on one call: the same read, the same output, every time."""
+    return _looping(rng, 0)
+
+
+SHAPES = {"mixed": _command, "looping": _looping, "stuck": _stuck}
+
+
+def generate_trajectory(path: Path, calls: int, *, shape_name: str = "mixed", seed: int = 7) -> None:
     """One run of ``calls`` bash calls in mini-swe-agent's tool-call trajectory shape."""
     rng = random.Random(seed)
-    shape = _looping if looping else _command
+    shape = SHAPES[shape_name]
     messages: list[dict[str, object]] = [
         {"role": "system", "content": "You are a helpful assistant that can interact with a computer shell."},
         {"role": "user", "content": "<pr_description>Fix the handler.</pr_description>"},
@@ -89,12 +101,14 @@ def generate_trajectory(path: Path, calls: int, *, looping: bool = False, seed: 
     path.write_text(json.dumps(doc), encoding="utf-8")
 
 
-def ingest_peak(path: Path, db: Path) -> tuple[float, float, float, str]:
-    """(seconds, peak RSS MB from VmHWM, ru_maxrss MB of the child, error) of ``treellm ingest``."""
+def ingest_peak(path: Path, db: Path, tree: str | None = None) -> tuple[float, float, float, str]:
+    """(seconds, peak RSS MB from VmHWM, ru_maxrss MB of the child, error) of ``treellm ingest``
+    (of the treellm in ``tree`` when given, else this one)."""
     for stale in db.parent.glob(db.name + "*"):
         stale.unlink()
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    child = run_with_peak([sys.executable, "-m", "treellm", "ingest", str(path), "--db", str(db), "--json"])
+    env = None if tree is None else {**os.environ, "PYTHONPATH": tree}
+    child = run_with_peak([sys.executable, "-m", "treellm", "ingest", str(path), "--db", str(db), "--json"], env)
     elapsed, err = child.seconds, child.err
     after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest child so far
     error = "" if child.returncode == 0 else err.strip().splitlines()[-1][:120]
@@ -106,21 +120,21 @@ def main() -> None:
     parser.add_argument("--calls", type=int, nargs="+", default=[2000, 6000, 20000])
     parser.add_argument("--otlp-spans", type=int, default=0, help="add a batched OTLP JSONL file of N spans")
     parser.add_argument("--keep", help="folder to keep the generated files in (reused when present)")
+    parser.add_argument("--shapes", default="mixed,looping,stuck", help="trajectory shapes, comma-separated")
+    parser.add_argument("--before", help="a checkout of an older treellm: ingest every file with it too")
     args = parser.parse_args()
     print(f"uptime: {os.popen('uptime').read().strip()}")
+    trees = [args.before, None] if args.before else [None]
     with tempfile.TemporaryDirectory(prefix="treellm-bench-mem-") as tmp:
         folder = Path(args.keep or tmp)
         folder.mkdir(parents=True, exist_ok=True)
-        rows = []
-        for looping in (False, True):
+        files: list[tuple[str, int, Path]] = []
+        for shape in args.shapes.split(","):
             for calls in args.calls:
-                shape = "looping" if looping else "mixed"
                 data = folder / f"trajectory-{shape}-{calls}.traj.json"
                 if not data.exists():
-                    generate_trajectory(data, calls, looping=looping)
-                seconds, peak, maxrss, error = ingest_peak(data, folder / "mem.duckdb")
-                rows.append((f"trajectory {shape}, {calls:,} calls", calls, data.stat().st_size / 1e6,
-                             seconds, peak, maxrss, error))  # fmt: skip
+                    generate_trajectory(data, calls, shape_name=shape)
+                files.append((f"trajectory {shape}, {calls:,} calls", calls, data))
         if args.otlp_spans:
             sys.path.insert(0, str(Path(__file__).parent))
             from bench_ingest_batched import generate
@@ -128,15 +142,20 @@ def main() -> None:
             data = folder / f"batched-{args.otlp_spans}.jsonl"
             if not data.exists():
                 generate(data, args.otlp_spans)
-            seconds, peak, maxrss, error = ingest_peak(data, folder / "mem.duckdb")
-            rows.append((f"OTLP batched, {args.otlp_spans:,} spans", args.otlp_spans, data.stat().st_size / 1e6,
-                         seconds, peak, maxrss, error))  # fmt: skip
-    print(f"{'file':34} {'MB':>6} {'seconds':>8} {'peak RSS MB':>12} {'x calls':>8} {'x peak':>7}  error")
-    for index, (label, n, size, seconds, peak, _maxrss, error) in enumerate(rows):
+            files.append((f"OTLP batched, {args.otlp_spans:,} spans", args.otlp_spans, data))
+        rows = []
+        for label, n, data in files:
+            runs = [ingest_peak(data, folder / "mem.duckdb", tree) for tree in trees]
+            rows.append((label, n, data.stat().st_size / 1e6, runs))
+    head = "".join(f" {name + ' s':>9} {name + ' MB':>10}" for name in (["before", "now"] if args.before else ["now"]))
+    print(f"{'file':34} {'MB':>6}{head} {'x calls':>8} {'x peak':>7}  error")
+    for index, (label, n, size, runs) in enumerate(rows):
         if index == 0 or rows[index - 1][0].split(",")[0] != label.split(",")[0]:
-            first_calls, first_peak = n, peak  # ratios to the first row of each shape
-        ratios = f"{n / first_calls:8.1f} {peak / first_peak:7.2f}"
-        print(f"{label:34} {size:6.1f} {seconds:8.1f} {peak:12,.0f} {ratios}  {error}")
+            first_calls, first_peak = n, runs[-1][1]  # ratios (of this tree) to the first row of each shape
+        cells = "".join(f" {seconds:9.1f} {peak:10,.0f}" for seconds, peak, _, _ in runs)
+        errors = "; ".join(f"{'before' if len(runs) > 1 and i == 0 else 'now'}: {error}"
+                           for i, (_, _, _, error) in enumerate(runs) if error)  # fmt: skip
+        print(f"{label:34} {size:6.1f}{cells} {n / first_calls:8.1f} {runs[-1][1] / first_peak:7.2f}  {errors}")
     print("peak RSS: VmHWM of the ingest command's process, default TREELLM_INGEST_MEMORY_LIMIT (1GB)")
 
 

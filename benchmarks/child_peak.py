@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,10 +22,14 @@ class ChildRun:
     err: str
 
 
-def run_with_peak(argv: Sequence[str]) -> ChildRun:
-    """Run ``argv`` from the repository's root; its wall time, peak RSS and output."""
+def run_with_peak(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ChildRun:
+    """Run ``argv`` from the repository's root (with ``env``: the environment, else this one's);
+    its wall time, peak RSS and output."""
     t0 = time.perf_counter()
-    with subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) as child:
+    with subprocess.Popen(
+        list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env=None if env is None else dict(env),
+    ) as child:  # fmt: skip
         peak_kb = 0
         status = Path(f"/proc/{child.pid}/status")
         while child.poll() is None:

@@ -36,10 +36,17 @@ TRACELOOP_IN = json.dumps({"inputs": {"q": "weather"}, "kwargs": {"tool_call_id"
 TRACELOOP_OUT = json.dumps({"outputs": "sunny", "kwargs": {}})
 SCHEMA = json.dumps({"type": "object", "properties": {"q": {"type": "string"}}})
 
-STRANDS_IN = json.dumps([{"role": "tool", "parts": [{"type": "tool_call", "name": "search", "id": "t2",
-                                                       "arguments": {"query": "refunds"}}]}])
-STRANDS_OUT = json.dumps([{"role": "tool", "parts": [{"type": "tool_call_response", "id": "t2",
-                                                        "response": [{"text": "3 articles"}]}]}])
+STRANDS_IN = json.dumps(
+    [
+        {
+            "role": "tool",
+            "parts": [{"type": "tool_call", "name": "search", "id": "t2", "arguments": {"query": "refunds"}}],
+        }
+    ]
+)
+STRANDS_OUT = json.dumps(
+    [{"role": "tool", "parts": [{"type": "tool_call_response", "id": "t2", "response": [{"text": "3 articles"}]}]}]
+)
 Event = str | tuple[str, dict[str, str]]
 
 # (name, attributes, status code, events: a name, or a name and its attributes)
@@ -116,10 +123,13 @@ def _span(index: int, name: str, attributes: dict[str, str], status: int, events
         "endTimeUnixNano": str(T0 + (index + 1) * 1_000_000 + 500_000),
         "attributes": [{"key": k, "value": _value(v)} for k, v in attributes.items()],
         "events": [
-            {"timeUnixNano": str(T0 + (index + 1) * 1_000_000), "name": e,
-             "attributes": [{"key": k, "value": _value(v)} for k, v in a.items()]}
+            {
+                "timeUnixNano": str(T0 + (index + 1) * 1_000_000),
+                "name": e,
+                "attributes": [{"key": k, "value": _value(v)} for k, v in a.items()],
+            }
             for e, a in map(_event, events)
-        ],  # fmt: skip
+        ],
         "status": {"code": status},
     }
 

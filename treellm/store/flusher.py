@@ -61,6 +61,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -176,7 +177,7 @@ def _same_process_reader(exc: StoreError) -> bool:
 def _lower_priority(increment: int) -> None:
     """Raise the calling thread's nice value by ``increment`` (Linux, where a thread id names the
     thread alone; the threads it starts inherit it). Elsewhere, or when refused, nothing."""
-    if increment <= 0 or not hasattr(os, "setpriority") or not os.uname().sysname == "Linux":
+    if increment <= 0 or not sys.platform.startswith("linux"):
         return
     tid = threading.get_native_id()
     try:

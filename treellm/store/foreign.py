@@ -161,9 +161,10 @@ def _value(key: str) -> str:
     if source is None:
         return f"f.attributes[{_sql_list([key])[1:-1]}]"
     event, attribute = (_sql_list([part])[1:-1] for part in source)
+    holds = f"list_contains(list_transform(e.attributes, lambda a: a.key), {attribute})"
     return (
         f"(CASE WHEN len(f.events) > 0 THEN treellm_attrs(list_filter(f.events, lambda e: e.name = {event} "
-        f"AND list_contains(list_transform(e.attributes, lambda a: a.key), {attribute}))[1].attributes)[{attribute}] END)"
+        f"AND {holds})[1].attributes)[{attribute}] END)"
     )
 
 
@@ -202,7 +203,7 @@ SELECT f.trace_id, f.span_id,
                                 n := CASE WHEN {_first_value(conventions.TOOL_NAME_KEYS)} IS NULL
                                           AND NOT {_has(_TRACELOOP_NAME)} THEN f.name END)) AS VARCHAR) AS tool_key,
        CAST(to_json([{", ".join(_value(k) for k in conventions.ARGUMENT_KEYS)}]) AS VARCHAR) AS args_key,
-       coalesce({', '.join(_value(k) for k in conventions.RESULT_KEYS)}) AS result_text,
+       coalesce({", ".join(_value(k) for k in conventions.RESULT_KEYS)}) AS result_text,
        {_first_value(conventions.CALL_ID_KEYS)} AS call_first,
        {_first_value(conventions.MODEL_KEYS)} AS model_first,
        {_first_value(conventions.AGENT_NAME_KEYS)} AS agent_first
@@ -470,9 +471,16 @@ def _keyed_from_parents(con: duckdb.DuckDBPyConnection, spans: dict[str, list[An
 
 _StoredKey = tuple[str, str]
 """(``call_digest``, ``call_targets``) of a counted call."""
-_UNKNOWN_TARGETS = repeats.CallTargets(None, None, False)
-"""A call whose arguments are unknown: what it reads and writes cannot be known, and it is not
-taken to have changed state (nothing says it did)."""
+
+
+@functools.lru_cache(maxsize=1024)
+def _unknown_targets(tool: str) -> repeats.CallTargets:
+    """The targets of a call of ``tool`` whose arguments are unknown: the default rule's for no
+    arguments (a shell tool's unknown command may have written anything; another tool names no
+    path it writes)."""
+    return repeats.call_targets(_DEFAULT_RULE, tool, {})
+
+
 _Call = tuple[CallKey, repeats.CallTargets, _StoredKey]
 
 
@@ -510,7 +518,7 @@ def _span_facts(spans: dict[str, list[Any]]) -> tuple[list[SpanFacts], dict[tupl
             out.append(SpanFacts(trace, span, parent, start, end, role, None, agent, flagged))
             continue
         if args is None and kept[0] is None:  # arguments unknown: a key of its own, never stored
-            key, found = CallKey(tool, f"arguments unknown: {trace} {span}", raw=False), _UNKNOWN_TARGETS
+            key, found = CallKey(tool, f"arguments unknown: {trace} {span}", raw=False), _unknown_targets(tool)
         else:
             key, found, stored[(trace, span)] = call(tool, args or "", kept)
         out.append(

@@ -223,9 +223,10 @@ class FileReport:
 
 
 Step = Literal["reading", "converting", "staging", "placing", "accounting", "done"]
-"""What ingest is doing with a file: reading it (its format, its lines), converting it to OTLP JSON lines (formats other than OTLP
-JSON lines), staging its lines, placing the new spans (conventions, runs, trees, ordinals),
-accounting for them; ``done`` once the file's transaction committed."""
+"""What ingest is doing with a file: reading it (its format, its lines), converting it to OTLP
+JSON lines (formats other than OTLP JSON lines), staging its lines, placing the new spans
+(conventions, runs, trees, ordinals), accounting for them; ``done`` once the file's transaction
+committed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -920,11 +921,13 @@ def ingest(
     for index, file in enumerate(files):
         on_step: _OnStep | None = None
         if progress is not None:
-            tell = progress
 
-            def on_step(step: Step, share: float, placed: int, i: int = index, offset: int = before) -> None:
+            def on_step(
+                step: Step, share: float, placed: int,
+                *, i: int = index, offset: int = before, committed: int = spans, tell: Any = progress,
+            ) -> None:  # fmt: skip
                 done = offset + min(sizes[i], int(sizes[i] * share))
-                tell(IngestProgress(i, len(files), done, total, spans + placed, str(files[i]), step))
+                tell(IngestProgress(i, len(files), done, total, committed + placed, str(files[i]), step))
 
             on_step("reading", 0.0, 0)
         reports.append(ingest_file(store, file, input_format, skip_bad=skip_bad, capture=capture, on_step=on_step))

@@ -134,8 +134,8 @@ EVENT_SOURCES: Final[Mapping[str, tuple[str, str]]] = {
 }
 """Pseudo attribute keys (never an attribute's own name: they start with ``event ``) for the
 attributes of span events that carry a tool call's content: the value of ``attribute`` in the
-span's first event named ``event`` that has it. :func:`event_attributes` gives them; the store reads them
-from the stored events the same way."""
+span's first event named ``event`` that has it. :func:`event_attributes` gives them; the store
+reads them from the stored events the same way."""
 _ARGUMENT_EVENTS: Final = ("event gen_ai.tool.message/content", f"event {INFERENCE_DETAILS}/{_INPUT_MESSAGES}")
 _RESULT_EVENTS: Final = ("event gen_ai.choice/message", f"event {INFERENCE_DETAILS}/{_OUTPUT_MESSAGES}")
 
@@ -202,16 +202,20 @@ SUMMARY_TOOLS: Final = frozenset({"(merged tools)"})
 """Tool names of summary spans, which are not calls: Google ADK's ``execute_tool (merged)``
 records the calls of one turn once more, after each ran in a span of its own."""
 
+_SEMANTIC_KERNEL: Final = "SEMANTICKERNEL_EXPERIMENTAL_GENAI_ENABLE_OTEL_DIAGNOSTICS_SENSITIVE=true"
 CONTENT_SWITCHES: Final[tuple[tuple[str, str, str], ...]] = (
     ("strands", "Strands Agents", "OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental"),
     ("gcp.vertex.agent", "Google ADK", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY"),
     ("autogen", "AutoGen", "no switch of its own; trace it with openinference-instrumentation-autogen-agentchat"),
-    ("openinference.instrumentation", "OpenInference", "OPENINFERENCE_HIDE_INPUTS=false, OPENINFERENCE_HIDE_OUTPUTS=false"),
+    (
+        "openinference.instrumentation",
+        "OpenInference",
+        "OPENINFERENCE_HIDE_INPUTS=false, OPENINFERENCE_HIDE_OUTPUTS=false",
+    ),
     ("opentelemetry.instrumentation", "OpenLLMetry", "TRACELOOP_TRACE_CONTENT=true"),
     ("pydantic-ai", "Pydantic AI", "InstrumentationSettings(include_content=True)"),
-    ("semantic_kernel", "Semantic Kernel", "SEMANTICKERNEL_EXPERIMENTAL_GENAI_ENABLE_OTEL_DIAGNOSTICS_SENSITIVE=true"),
-    ("microsoft.semantickernel", "Semantic Kernel",
-     "SEMANTICKERNEL_EXPERIMENTAL_GENAI_ENABLE_OTEL_DIAGNOSTICS_SENSITIVE=true"),
+    ("semantic_kernel", "Semantic Kernel", _SEMANTIC_KERNEL),
+    ("microsoft.semantickernel", "Semantic Kernel", _SEMANTIC_KERNEL),
     ("openai.agents", "OpenAI Agents SDK", "RunConfig(trace_include_sensitive_data=True)"),
 )
 """(instrumentation scope name prefix, framework, the switch that records tool-call content),
