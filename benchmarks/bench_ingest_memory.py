@@ -101,6 +101,14 @@ def generate_trajectory(path: Path, calls: int, *, shape_name: str = "mixed", se
     path.write_text(json.dumps(doc), encoding="utf-8")
 
 
+def report_peak(db: Path, tree: str | None = None) -> tuple[float, float, str]:
+    """(seconds, peak RSS MB, error) of ``treellm report --format json`` over ``db``."""
+    env = None if tree is None else {**os.environ, "PYTHONPATH": tree}
+    child = run_with_peak([sys.executable, "-m", "treellm", "report", "--db", str(db), "--format", "json"], env)
+    error = "" if child.returncode == 0 else child.err.strip().splitlines()[-1][:120]
+    return child.seconds, child.peak_mb, error
+
+
 def ingest_peak(path: Path, db: Path, tree: str | None = None) -> tuple[float, float, float, str]:
     """(seconds, peak RSS MB from VmHWM, ru_maxrss MB of the child, error) of ``treellm ingest``
     (of the treellm in ``tree`` when given, else this one)."""
@@ -122,6 +130,7 @@ def main() -> None:
     parser.add_argument("--keep", help="folder to keep the generated files in (reused when present)")
     parser.add_argument("--shapes", default="mixed,looping,stuck", help="trajectory shapes, comma-separated")
     parser.add_argument("--before", help="a checkout of an older treellm: ingest every file with it too")
+    parser.add_argument("--report", action="store_true", help="also time `treellm report` over each store")
     args = parser.parse_args()
     print(f"uptime: {os.popen('uptime').read().strip()}")
     trees = [args.before, None] if args.before else [None]
@@ -144,9 +153,15 @@ def main() -> None:
                 generate(data, args.otlp_spans)
             files.append((f"OTLP batched, {args.otlp_spans:,} spans", args.otlp_spans, data))
         rows = []
+        reports: list[list[tuple[float, float, str]]] = []
         for label, n, data in files:
-            runs = [ingest_peak(data, folder / "mem.duckdb", tree) for tree in trees]
+            runs, timed = [], []
+            for tree in trees:
+                runs.append(ingest_peak(data, folder / "mem.duckdb", tree))
+                if args.report and not runs[-1][3]:
+                    timed.append(report_peak(folder / "mem.duckdb", tree))
             rows.append((label, n, data.stat().st_size / 1e6, runs))
+            reports.append(timed)
     head = "".join(f" {name + ' s':>9} {name + ' MB':>10}" for name in (["before", "now"] if args.before else ["now"]))
     print(f"{'file':34} {'MB':>6}{head} {'x calls':>8} {'x peak':>7}  error")
     for index, (label, n, size, runs) in enumerate(rows):
@@ -156,6 +171,13 @@ def main() -> None:
         errors = "; ".join(f"{'before' if len(runs) > 1 and i == 0 else 'now'}: {error}"
                            for i, (_, _, _, error) in enumerate(runs) if error)  # fmt: skip
         print(f"{label:34} {size:6.1f}{cells} {n / first_calls:8.1f} {runs[-1][1] / first_peak:7.2f}  {errors}")
+    if args.report:
+        names = ["before", "now"] if args.before else ["now"]
+        print(f"\n{'treellm report over the store':34}" + "".join(f" {n + ' s':>9} {n + ' MB':>10}" for n in names))
+        for (label, *_), timed in zip(rows, reports, strict=True):
+            cells = "".join(f" {seconds:9.1f} {peak:10,.0f}" for seconds, peak, _ in timed)
+            errors = "; ".join(error for _, _, error in timed if error)
+            print(f"{label:34}{cells}  {errors}")
     print("peak RSS: VmHWM of the ingest command's process, default TREELLM_INGEST_MEMORY_LIMIT (1GB)")
 
 

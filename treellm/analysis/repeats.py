@@ -197,9 +197,10 @@ def judge_repeat(
     reads = call.targets.reads if shell is None else (None if shell.reads_unknown else shell.reads)
     own = _touched(call)[1]
     files = frozenset(_FILE_WORD.findall(call.command or "")) if reads is None else frozenset()
-    known = dict(bodies or {})
+    known = bodies or {}
     for other in between:
-        known.update(other.bodies)
+        if other.bodies:
+            known = {**known, **other.bodies}
         if other.failed:
             continue
         written, more, program = _writes_of(other, known)
@@ -256,14 +257,44 @@ SELECT run_id, node_id, parent_id FROM nodes WHERE run_id IN (SELECT run_id FROM
 )
 
 
-def _ancestors(node: str | None, parents: dict[str, str | None]) -> frozenset[str | None]:
-    out: set[str | None] = {node}
-    seen = 0
-    while node is not None and seen < 100_000:
-        node = parents.get(node)
-        out.add(node)
-        seen += 1
-    return frozenset(out)
+class _Lines:
+    """Which think nodes lie on a path, in constant time: a run's think nodes (and the parent ids
+    they name that are not among them) numbered in pre- and post-order, so ``a`` is on the line
+    that ends at ``b`` (an ancestor of ``b``, or ``b``) when ``pre[a] <= pre[b]`` and
+    ``post[b] <= post[a]``. Linear in the nodes, whatever the depth (a loop of 20,000 turns is a
+    path 20,000 deep: a set of ancestors per node would be quadratic)."""
+
+    def __init__(self, parents: dict[str, str | None]) -> None:
+        children: dict[str | None, list[str]] = {}
+        nodes = set(parents) | {p for p in parents.values() if p is not None}
+        for node in nodes:
+            children.setdefault(parents.get(node), []).append(node)
+        self.pre: dict[str, int] = {}
+        self.post: dict[str, int] = {}
+        counter = 0
+        stack: list[tuple[str, bool]] = [(root, False) for root in sorted(children.get(None, ()), reverse=True)]
+        while stack:
+            node, leaving = stack.pop()
+            if leaving:
+                self.post[node] = counter
+                counter += 1
+                continue
+            self.pre[node] = counter
+            counter += 1
+            stack.append((node, True))
+            stack.extend((child, False) for child in sorted(children.get(node, ()), reverse=True))
+
+    def on(self, node: str | None, end: str | None) -> bool:
+        """Whether ``node`` (None: the run itself) is on the line from the run to ``end``. A node
+        in a cycle of parents (malformed) is on no line but its own."""
+        if node is None or node == end:
+            return True
+        if end is None:
+            return False
+        first, last = self.pre.get(node), self.pre.get(end)
+        if first is None or last is None:
+            return False
+        return first <= last and self.post[end] <= self.post[node]
 
 
 def _rows(engine: Any, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
@@ -304,37 +335,49 @@ def repeats(con: StoreConnection, filters: Filters | None = None) -> pd.DataFram
 
 
 def _run_repeats(calls: list[tuple[Any, ...]], parents: dict[str, str | None]) -> list[tuple[Any, ...]]:
-    """The identical repeats of one run's calls (in time order)."""
+    """The identical repeats of one run's calls (in time order). A call's identical calls on its
+    line are its twin's and its twin (the twin's line is part of its own): found once each, so a
+    loop of k identical calls costs k steps, not k²/2."""
     made = [facts(c[5], c[10], c[9], failed=c[8] == "failed") for c in calls]
-    lines: dict[str | None, frozenset[str | None]] = {}
+    lines = _Lines(parents)
     seen_by_key: dict[tuple[str, str], list[int]] = {}
+    identical: dict[int, int] = {}  # call -> how many identical calls are on its line before it
     bodies: dict[str, str] = {}
-    seen_paths: list[str] = []
+    seen_by_name: dict[str, list[str]] = {}  # paths read or written so far, by file name
     created: list[str] = []
     out: list[tuple[Any, ...]] = []
     for i, call in enumerate(calls):
         trace_id, span_id, run_id, node_id, parent_id, tool, sig, ordinal, _s, _h, arguments, call_id = call
-        line = lines.get(parent_id)
-        if line is None:
-            line = lines[parent_id] = _ancestors(parent_id, parents)
         earlier = seen_by_key.setdefault((tool, sig), []) if sig is not None else []  # unknown: equals none
-        same = [j for j in earlier if calls[j][4] in line and (arguments is None or calls[j][10] in (None, arguments))]
-        if same:
-            twin = same[-1]
-            between = [made[j] for j in range(twin + 1, i) if calls[j][4] in line]
-            before_twin = dict(bodies)
-            outcome, reason = judge_repeat(made[i], made[twin], between, bodies=before_twin, created=created)
+        twin = next(
+            (j for j in reversed(earlier)
+             if lines.on(calls[j][4], parent_id) and (arguments is None or calls[j][10] in (None, arguments))),
+            None,
+        )  # fmt: skip
+        identical[i] = 0 if twin is None else identical[twin] + 1
+        if twin is not None:
+            between = [made[j] for j in range(twin + 1, i) if lines.on(calls[j][4], parent_id)]
+            outcome, reason = judge_repeat(made[i], made[twin], between, bodies=bodies, created=created)
             counted = ordinal is not None and int(ordinal) >= 2
             out.append(
                 (trace_id, span_id, run_id, node_id, tool, call_id, None if ordinal is None else int(ordinal),
-                 len(same) + 1, counted, calls[twin][3], calls[twin][11], calls[twin][1], outcome, reason, arguments)
+                 identical[i] + 1, counted, calls[twin][3], calls[twin][11], calls[twin][1], outcome, reason,
+                 arguments)
             )  # fmt: skip
-        earlier.append(i)
+        if sig is not None:
+            earlier.append(i)
         bodies.update(made[i].bodies)
         reads, writes = _touched(made[i])
-        created.extend(p for p in writes if not any(_same_file(p, s) for s in seen_paths))
-        seen_paths.extend(reads | writes)
+        for path in writes:
+            if not any(paths_overlap(path, seen) for seen in seen_by_name.get(_name(path), ())):
+                created.append(path)
+        for path in reads | writes:
+            seen_by_name.setdefault(_name(path), []).append(path)
     return out
+
+
+def _name(path: str) -> str:
+    return path.rsplit("/", 1)[-1]
 
 
 IDENTICAL_COLUMNS = [
