@@ -33,7 +33,7 @@ import datetime as dt
 import sys
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any
 
 import pandas as pd
 import streamlit as st
@@ -43,9 +43,10 @@ from treellm import analysis, settings
 from treellm.analysis import Filters
 from treellm.analysis import explorer as ex
 from treellm.errors import ConfigError, MissingExtraError, StoreBusyError, StoreError
-from treellm.store.connection import default_db_path, open_parquet, open_store
+from treellm.store import sources
 from treellm.store.engine import StoreConnection
-from treellm.urls import display_url, mask_urls
+from treellm.store.sources import Source, choose_source, open_source
+from treellm.urls import mask_urls
 
 RUN_CHOICES = 500
 """The run explorer lists the latest runs; a deep link opens any run."""
@@ -55,16 +56,6 @@ so new data shows at the next render and unchanged data is never queried twice."
 VERSION_TTL_S = 1.0
 """How long a data version is trusted before the views are asked again (about the
 collector's flush interval): at most one version query per second, whatever the reruns."""
-DEFAULT_CLICKHOUSE_TABLE = "otel_traces"
-
-
-class Source(NamedTuple):
-    """Where the dashboard reads: a DuckDB ``db`` file, ``parquet`` folders, or a
-    ``clickhouse`` URL and its spans table."""
-
-    kind: Literal["db", "parquet", "clickhouse"]
-    paths: tuple[str, ...]
-    table: str = DEFAULT_CLICKHOUSE_TABLE
 
 
 def script_option(name: str, argv: Sequence[str] | None = None) -> str | None:
@@ -80,26 +71,17 @@ def script_option(name: str, argv: Sequence[str] | None = None) -> str | None:
 
 
 def source() -> Source:
-    """What the dashboard reads (see the module's docstring for the order)."""
-    parquet = settings.get(settings.TREELLM_DASHBOARD_PARQUET)
-    if parquet:
-        return Source("parquet", tuple(str(p) for p in parquet))
+    """What the dashboard reads (see the module's docstring for the order: the readers' one rule,
+    ``treellm.store.sources``)."""
     db = settings.get(settings.TREELLM_DASHBOARD_DB)
-    if db is None:
-        url = settings.get(settings.TREELLM_CLICKHOUSE)
-        if url:
-            return Source("clickhouse", (url,), script_option("--clickhouse-table") or DEFAULT_CLICKHOUSE_TABLE)
-    return Source("db", (str(db or default_db_path()),))
+    parquet = settings.get(settings.TREELLM_DASHBOARD_PARQUET) or ()
+    return choose_source(db=None if db is None else str(db), parquet=[str(p) for p in parquet],
+                         table=script_option("--clickhouse-table"))  # fmt: skip
 
 
 def describe_source(src: Source | None = None) -> str:
     """The source as one line of text (a URL's password masked)."""
-    kind, paths, table = src or source()
-    if kind == "parquet":
-        return f"Parquet: {', '.join(paths)}"
-    if kind == "clickhouse":
-        return f"ClickHouse: {display_url(paths[0])} ({table})"
-    return f"store: {paths[0]}"
+    return sources.describe_source(src or source())
 
 
 _CLICKHOUSE_LOCK = threading.Lock()
@@ -108,22 +90,12 @@ _CLICKHOUSE_LOCK = threading.Lock()
 
 @contextlib.contextmanager
 def _connect(src: Source) -> Iterator[StoreConnection]:
-    kind, paths, table = src
-    if kind == "clickhouse":
-        from treellm.store.clickhouse import open_clickhouse
-
-        with _CLICKHOUSE_LOCK:
-            con: StoreConnection = open_clickhouse(paths[0], table=table)
-            try:
-                yield con
-            finally:
-                con.close()
-        return
-    con = open_parquet(list(paths)) if kind == "parquet" else open_store(paths[0], read_only=True, retries=6)
-    try:
-        yield con
-    finally:
-        con.close()
+    with _CLICKHOUSE_LOCK if src.kind == "clickhouse" else contextlib.nullcontext():
+        con = open_source(src, retries=6)
+        try:
+            yield con
+        finally:
+            con.close()
 
 
 @st.cache_data(ttl=VERSION_TTL_S, show_spinner=False)
@@ -170,11 +142,10 @@ def _rerun_when_free() -> None:
 def _store_free(src: Source) -> bool:
     """Whether a read-only open succeeds right now (one try, closed at once). Any other
     problem counts as free: the rerun then shows it."""
-    kind, paths, _ = src
-    if kind != "db":
+    if src.kind != "db":
         return True
     try:
-        open_store(paths[0], read_only=True, retries=0).close()
+        open_source(src, retries=0).close()
     except StoreBusyError:
         return False
     except StoreError:

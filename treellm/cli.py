@@ -510,26 +510,35 @@ def _cmd_derive(args: argparse.Namespace) -> int:
     return 0
 
 
-def _reader(args: argparse.Namespace) -> Any:
-    from treellm.store.connection import open_parquet, open_store
+def _source(args: argparse.Namespace) -> Any:
+    """The source a reading command's options name (``store.sources``: Parquet, else ClickHouse,
+    else the DuckDB file)."""
+    from treellm.store.sources import choose_source
 
-    if args.parquet:
-        return open_parquet(args.parquet)
-    clickhouse = args.clickhouse or (None if args.db else settings.get(settings.TREELLM_CLICKHOUSE))
-    if clickhouse:
-        from treellm.store.clickhouse import open_clickhouse
+    return choose_source(
+        db=args.db, parquet=args.parquet or (), clickhouse=args.clickhouse, table=args.clickhouse_table,
+        database=args.clickhouse_database,
+    )  # fmt: skip
+
+
+def _reader(args: argparse.Namespace) -> Any:
+    from treellm.store.sources import open_source
+
+    src = _source(args)
+    con = open_source(src)
+    if src.kind == "clickhouse":
+        from treellm.store.clickhouse import ClickHouseConnection
         from treellm.store.clickhouse_derive import underived
 
-        ch = open_clickhouse(clickhouse, table=args.clickhouse_table, database=args.clickhouse_database)
-        if behind := underived(ch):
+        assert isinstance(con, ClickHouseConnection)
+        if behind := underived(con):
             print(
-                f"treellm: {behind:,} trace(s) in {ch.table} are not derived yet, so this reads without them: run "
-                f"`treellm derive --clickhouse URL --clickhouse-table {args.clickhouse_table} --once` "
+                f"treellm: {behind:,} trace(s) in {con.table} are not derived yet, so this reads without them: run "
+                f"`treellm derive --clickhouse URL --clickhouse-table {src.table} --once` "
                 "(or keep a derive worker running beside the Collector)",
                 file=sys.stderr,
             )
-        return ch
-    return open_store(_db(args), read_only=True)
+    return con
 
 
 def _filters(args: argparse.Namespace) -> Any:
