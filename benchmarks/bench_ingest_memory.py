@@ -33,7 +33,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from child_peak import run_with_peak
+from child_peak import ROOT, run_with_peak
 
 FILES = [f"src/pkg/module_{i}.py" for i in range(300)]
 
@@ -104,7 +104,8 @@ def generate_trajectory(path: Path, calls: int, *, shape_name: str = "mixed", se
 def report_peak(db: Path, tree: str | None = None) -> tuple[float, float, str]:
     """(seconds, peak RSS MB, error) of ``treellm report --format json`` over ``db``."""
     env = None if tree is None else {**os.environ, "PYTHONPATH": tree}
-    child = run_with_peak([sys.executable, "-m", "treellm", "report", "--db", str(db), "--format", "json"], env)
+    argv = [sys.executable, "-m", "treellm", "report", "--db", str(db), "--format", "json"]
+    child = run_with_peak(argv, env, Path(tree) if tree else ROOT)
     error = "" if child.returncode == 0 else child.err.strip().splitlines()[-1][:120]
     return child.seconds, child.peak_mb, error
 
@@ -116,7 +117,8 @@ def ingest_peak(path: Path, db: Path, tree: str | None = None) -> tuple[float, f
         stale.unlink()
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     env = None if tree is None else {**os.environ, "PYTHONPATH": tree}
-    child = run_with_peak([sys.executable, "-m", "treellm", "ingest", str(path), "--db", str(db), "--json"], env)
+    argv = [sys.executable, "-m", "treellm", "ingest", str(path), "--db", str(db), "--json"]
+    child = run_with_peak(argv, env, Path(tree) if tree else ROOT)  # ``-m`` imports from its folder first
     elapsed, err = child.seconds, child.err
     after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest child so far
     error = "" if child.returncode == 0 else err.strip().splitlines()[-1][:120]
@@ -153,13 +155,14 @@ def main() -> None:
                 generate(data, args.otlp_spans)
             files.append((f"OTLP batched, {args.otlp_spans:,} spans", args.otlp_spans, data))
         rows = []
-        reports: list[list[tuple[float, float, str]]] = []
+        reports: list[list[tuple[float, float, str] | None]] = []
         for label, n, data in files:
-            runs, timed = [], []
+            runs: list[tuple[float, float, float, str]] = []
+            timed: list[tuple[float, float, str] | None] = []
             for tree in trees:
                 runs.append(ingest_peak(data, folder / "mem.duckdb", tree))
-                if args.report and not runs[-1][3]:
-                    timed.append(report_peak(folder / "mem.duckdb", tree))
+                if args.report:  # none when the ingest failed
+                    timed.append(None if runs[-1][3] else report_peak(folder / "mem.duckdb", tree))
             rows.append((label, n, data.stat().st_size / 1e6, runs))
             reports.append(timed)
     head = "".join(f" {name + ' s':>9} {name + ' MB':>10}" for name in (["before", "now"] if args.before else ["now"]))
@@ -175,8 +178,8 @@ def main() -> None:
         names = ["before", "now"] if args.before else ["now"]
         print(f"\n{'treellm report over the store':34}" + "".join(f" {n + ' s':>9} {n + ' MB':>10}" for n in names))
         for (label, *_), timed in zip(rows, reports, strict=True):
-            cells = "".join(f" {seconds:9.1f} {peak:10,.0f}" for seconds, peak, _ in timed)
-            errors = "; ".join(error for _, _, error in timed if error)
+            cells = "".join(f" {'-':>9} {'-':>10}" if t is None else f" {t[0]:9.1f} {t[1]:10,.0f}" for t in timed)
+            errors = "; ".join(t[2] for t in timed if t is not None and t[2])
             print(f"{label:34}{cells}  {errors}")
     print("peak RSS: VmHWM of the ingest command's process, default TREELLM_INGEST_MEMORY_LIMIT (1GB)")
 

@@ -22,12 +22,13 @@ class ChildRun:
     err: str
 
 
-def run_with_peak(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ChildRun:
-    """Run ``argv`` from the repository's root (with ``env``: the environment, else this one's);
-    its wall time, peak RSS and output."""
+def run_with_peak(argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: Path = ROOT) -> ChildRun:
+    """Run ``argv`` from ``cwd`` (the repository's root by default; ``python -m`` imports from it
+    first, before ``PYTHONPATH``) with ``env`` (else this environment); its wall time, peak RSS and
+    output."""
     t0 = time.perf_counter()
     with subprocess.Popen(
-        list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
         env=None if env is None else dict(env),
     ) as child:  # fmt: skip
         peak_kb = 0
