@@ -32,7 +32,7 @@ import json
 import re
 import threading
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +46,7 @@ __all__ = [
     "ScriptCall",
     "ToolBox",
     "task",
+    "tool_functions",
     "truth_from_script",
     "without_arguments",
 ]
@@ -134,6 +135,35 @@ class ToolBox:
 
     def call(self, tool: str, arguments: Mapping[str, Any]) -> str:
         return str(getattr(self, tool)(**arguments))
+
+
+def tool_functions(box: ToolBox) -> tuple[Callable[..., str], ...]:
+    """The six tools as plain functions of ``box``, typed (``list_orders(customer: str, page:
+    int)``), named as the script names them and documented (``__doc__``) by ``TOOL_DOCS``: what
+    the drivers hand their framework, which reads a function's name, signature and docstring."""
+
+    def search(query: str) -> str:
+        return box.search(query)
+
+    def fetch_url(url: str) -> str:
+        return box.fetch_url(url)
+
+    def start_job(name: str) -> str:
+        return box.start_job(name)
+
+    def job_status(job_id: str) -> str:
+        return box.job_status(job_id)
+
+    def list_orders(customer: str, page: int) -> str:
+        return box.list_orders(customer, page)
+
+    def get_order(order_id: str) -> str:
+        return box.get_order(order_id)
+
+    functions = (search, fetch_url, start_job, job_status, list_orders, get_order)
+    for function in functions:
+        function.__doc__ = TOOL_DOCS[function.__name__]
+    return functions
 
 
 def _text(content: Any) -> str:

@@ -90,28 +90,7 @@ CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 def make_tools(box: scenario.ToolBox) -> list[object]:
     """The six tools as plain typed functions; ADK takes each description from the docstring."""
 
-    def search(query: str) -> str:
-        return box.search(query)
-
-    def fetch_url(url: str) -> str:
-        return box.fetch_url(url)
-
-    def start_job(name: str) -> str:
-        return box.start_job(name)
-
-    def job_status(job_id: str) -> str:
-        return box.job_status(job_id)
-
-    def list_orders(customer: str, page: int) -> str:
-        return box.list_orders(customer, page)
-
-    def get_order(order_id: str) -> str:
-        return box.get_order(order_id)
-
-    tools = [search, fetch_url, start_job, job_status, list_orders, get_order]
-    for fn in tools:
-        fn.__doc__ = scenario.TOOL_DOCS[fn.__name__]
-    return tools
+    return list(scenario.tool_functions(box))
 
 
 async def drive(args: object, box: scenario.ToolBox) -> None:

@@ -54,28 +54,9 @@ from openinference.instrumentation.langchain import LangChainInstrumentor  # noq
 def make_tools(box: scenario.ToolBox) -> list[BaseTool]:
     """The six tools, typed, described by ``scenario.TOOL_DOCS``, returning the ToolBox's strings."""
 
-    def search(query: str) -> str:
-        return box.search(query)
-
-    def fetch_url(url: str) -> str:
-        return box.fetch_url(url)
-
-    def start_job(name: str) -> str:
-        return box.start_job(name)
-
-    def job_status(job_id: str) -> str:
-        return box.job_status(job_id)
-
-    def list_orders(customer: str, page: int) -> str:
-        return box.list_orders(customer, page)
-
-    def get_order(order_id: str) -> str:
-        return box.get_order(order_id)
-
-    functions = (search, fetch_url, start_job, job_status, list_orders, get_order)
     return [
         StructuredTool.from_function(func=f, name=f.__name__, description=scenario.TOOL_DOCS[f.__name__])
-        for f in functions
+        for f in scenario.tool_functions(box)
     ]
 
 

@@ -79,27 +79,8 @@ def make_tools(box: scenario.ToolBox) -> list[Any]:
     """The six tools, typed, with their scenario descriptions; every call runs the ToolBox."""
     from strands import tool
 
-    def search(query: str) -> str:
-        return box.search(query)
-
-    def fetch_url(url: str) -> str:
-        return box.fetch_url(url)
-
-    def start_job(name: str) -> str:
-        return box.start_job(name)
-
-    def job_status(job_id: str) -> str:
-        return box.job_status(job_id)
-
-    def list_orders(customer: str, page: int) -> str:
-        return box.list_orders(customer, page)
-
-    def get_order(order_id: str) -> str:
-        return box.get_order(order_id)
-
     return [
-        tool(fn, name=fn.__name__, description=scenario.TOOL_DOCS[fn.__name__])
-        for fn in (search, fetch_url, start_job, job_status, list_orders, get_order)
+        tool(fn, name=fn.__name__, description=scenario.TOOL_DOCS[fn.__name__]) for fn in scenario.tool_functions(box)
     ]
 
 
