@@ -14,6 +14,7 @@ PUBLIC = {
         "Filters",
         "classify_commands",
         "classify_pair",
+        "content_by_tool",
         "cost_by_tool",
         "identical_repeats_by_tool",
         "limits_toml",
