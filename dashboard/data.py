@@ -17,11 +17,11 @@ Hard rules (``docs/architecture.md``, storage model):
   shows "store busy, retrying" (:func:`show_problems`) instead of crashing, and reruns by
   itself once the writer lets go.
 
-The data comes from ``TREELLM_DASHBOARD_PARQUET`` (folders separated by the path
-separator), else ``TREELLM_DASHBOARD_DB``, else ``TREELLM_CLICKHOUSE`` (a server URL or
-``chdb:PATH``; the spans table is ``otel_traces`` unless the script's arguments say
-``--clickhouse-table NAME``, as ``treellm dashboard --clickhouse-table`` passes them), else
-the default store. chDB holds one data folder per process, so ClickHouse connections are
+The data comes from the readers' one rule (``treellm.store.sources``), given
+``TREELLM_DASHBOARD_PARQUET`` (folders separated by the path separator) as the Parquet folders,
+``TREELLM_DASHBOARD_DB`` as the DuckDB file and the script's ``--clickhouse-table NAME`` (as
+``treellm dashboard --clickhouse-table`` passes it) as the spans table. chDB holds one data
+folder per process, so ClickHouse connections are
 taken one at a time. What the store holds is shown as text, never Markdown
 (``dashboard.text``).
 """

@@ -56,6 +56,18 @@ WHERE tool_name IS NOT NULL AND (operation = 'execute_tool' OR node_kind = 'tool
 # of k identical calls costs k rows, never k²/2 pairs.
 _JUDGED = """run_id, node_id, tool, ordinal, status, shadow_caught, duration_ns, result_chars, start_ns, {limit},
        signature, arguments, all_differ, missing_result, last_status, last_earlier, has_earlier"""
+_CHAINS = """chains AS (
+    SELECT c.run_id AS run_id, c.node_id AS node_id, c.repeat_chain AS repeat_chain, c.ordinal AS ordinal,
+           c.status AS status, c.result_hash AS result_hash,
+           min(CASE WHEN c.result_hash IS NULL THEN c.ordinal END)
+               OVER (PARTITION BY c.run_id, c.repeat_chain) AS first_missing,
+           min(c.ordinal) OVER (PARTITION BY c.run_id, c.repeat_chain, c.result_hash) AS first_same
+    FROM calls c
+    WHERE c.repeat_chain IS NOT NULL
+      AND c.run_id IN (SELECT run_id FROM picked WHERE ordinal >= 2 AND repeat_chain IS NOT NULL)
+),"""
+"""Per call of a repeat chain (of the runs that hold a chained repeat): the lowest ordinal of the
+chain without a result and the lowest with its own result hash. The same SQL in both dialects."""
 REPEATS_SQL = f"""
 WITH calls AS ({CALLS_SQL}),
 picked AS (SELECT * FROM calls c WHERE {{where}}),
@@ -83,15 +95,7 @@ listed AS (
     FROM reps r LEFT JOIN pairs p USING (run_id, node_id)
     GROUP BY r.run_id, r.node_id
 ),
-chains AS (
-    SELECT c.run_id, c.node_id, c.repeat_chain, c.ordinal, c.status, c.result_hash,
-           min(CASE WHEN c.result_hash IS NULL THEN c.ordinal END)
-               OVER (PARTITION BY c.run_id, c.repeat_chain) AS first_missing,
-           min(c.ordinal) OVER (PARTITION BY c.run_id, c.repeat_chain, c.result_hash) AS first_same
-    FROM calls c
-    WHERE c.repeat_chain IS NOT NULL
-      AND c.run_id IN (SELECT run_id FROM picked WHERE ordinal >= 2 AND repeat_chain IS NOT NULL)
-),
+{_CHAINS}
 chained AS (
     SELECT r.run_id, r.node_id, r.tool, r.ordinal, r.status, r.shadow_caught, r.duration_ns,
            length(r.result) AS result_chars, r.start_ns, r."limit", r.signature, r.arguments,
@@ -150,16 +154,7 @@ listed AS (
     FROM reps r LEFT JOIN pairs p ON p.run_id = r.run_id AND p.node_id = r.node_id
     GROUP BY r.run_id, r.node_id
 ),
-chains AS (
-    SELECT c.run_id AS run_id, c.node_id AS node_id, c.repeat_chain AS repeat_chain, c.ordinal AS ordinal,
-           c.status AS status, c.result_hash AS result_hash,
-           min(CASE WHEN c.result_hash IS NULL THEN c.ordinal END)
-               OVER (PARTITION BY c.run_id, c.repeat_chain) AS first_missing,
-           min(c.ordinal) OVER (PARTITION BY c.run_id, c.repeat_chain, c.result_hash) AS first_same
-    FROM calls c
-    WHERE c.repeat_chain IS NOT NULL
-      AND c.run_id IN (SELECT run_id FROM picked WHERE ordinal >= 2 AND repeat_chain IS NOT NULL)
-),
+{_CHAINS}
 chained AS (
     SELECT r.run_id AS run_id, r.node_id AS node_id, r.tool AS tool, r.ordinal AS ordinal, r.status AS status,
            r.shadow_caught AS shadow_caught, r.duration_ns AS duration_ns, lengthUTF8(r.result) AS result_chars,

@@ -44,7 +44,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import orjson
 import pandas as pd
 
 from treellm.analysis.filters import Filters
@@ -220,16 +219,6 @@ def judge_repeat(
     if reads is None:
         return "wasted", "same result as its twin; nothing it runs was written between (only scratch files, if any)"
     return "wasted", "same result as its twin; nothing it reads was written between"
-
-
-def _earlier(raw: Any) -> list[str]:
-    if not isinstance(raw, str) or not raw:
-        return []
-    try:
-        value = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return []
-    return [str(v) for v in value] if isinstance(value, list) else []
 
 
 _RUNS_WITH = f"""
