@@ -8,9 +8,6 @@ import gzip
 import math
 import os
 import signal
-from collections.abc import Callable
-from concurrent.futures import Executor, Future
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, cast
 
@@ -27,7 +24,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 from treellm.collector import Collector, CollectorConfig
 from treellm.collector.decode import decode_protobuf, decode_request
 from treellm.collector.errors import BadRequest, PayloadTooLarge
-from treellm.collector.pool import DecodePool
+from treellm.collector.pool import DecodePool, _WorkerDied
 from treellm.errors import ConfigError
 from treellm.otlp import DUPLICATE_KEYS, MAX_VALUE_DEPTH, normalize_traces_data
 from treellm.store import open_store
@@ -257,33 +254,78 @@ def test_a_worker_that_dies_costs_no_request_and_the_pool_starts_again() -> None
     pool = DecodePool(1, inline_bytes=1)
     try:
         pool.warm()
-        [pid] = {pool._pool().submit(os.getpid).result() for _ in range(2)}
+        [pid] = pool.pids()
         os.kill(pid, signal.SIGKILL)
         body = _body(10)
         assert asyncio.run(pool.decode(body, "identity", "protobuf", 2**20, decode_request)).accepted == 10
         assert pool.restarts == 1
         assert asyncio.run(pool.decode(body, "identity", "protobuf", 2**20, decode_request)).accepted == 10
         assert pool.restarts == 1
+        assert len(pool.pids()) == 1 and pool.pids() != [pid]
     finally:
         pool.close()
 
 
-class _NeverStarts(Executor):
-    """A process pool whose workers cannot start (as when the main module cannot be imported)."""
+async def _together(pool: DecodePool, bodies: list[bytes]) -> list[int]:
+    decoded = await asyncio.gather(*(pool.decode(b, "identity", "protobuf", 2**20, decode_request) for b in bodies))
+    return [d.accepted for d in decoded]
 
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        future: Future[Any] = Future()
-        future.set_exception(BrokenProcessPool("a child process terminated abruptly"))
-        return future
+
+def test_requests_queued_on_a_worker_each_get_their_own_answer(pool: DecodePool) -> None:
+    sizes = [3, 300, 1, 50, 7, 120, 2, 9] * 3  # more requests than workers: they queue, pipelined
+    assert asyncio.run(_together(pool, [_body(n) for n in sizes])) == sizes
+    assert pool.restarts == 0 and len(pool.pids()) == 2
+
+
+def test_a_worker_killed_under_queued_requests_costs_none_of_them() -> None:
+    pool = DecodePool(1, inline_bytes=1)
+    try:
+        pool.warm()
+        [pid] = pool.pids()
+
+        async def run() -> list[int]:
+            decoding = asyncio.ensure_future(_together(pool, [_body(n) for n in (200, 5, 6, 7)]))
+            await asyncio.sleep(0)  # the first request is written
+            os.kill(pid, signal.SIGKILL)
+            return await decoding
+
+        assert asyncio.run(run()) == [200, 5, 6, 7]
+        assert pool.restarts == 1  # one death, counted once for its four requests
+    finally:
+        pool.close()
+
+
+def test_a_request_cancelled_on_a_worker_ends_that_worker_uncounted() -> None:
+    pool = DecodePool(1, inline_bytes=1)
+    try:
+        pool.warm()
+        [pid] = pool.pids()
+
+        async def cancel_one() -> None:
+            decoding = asyncio.ensure_future(pool.decode(_body(300), "identity", "protobuf", 2**20, decode_request))
+            await asyncio.sleep(0)
+            decoding.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await decoding
+
+        asyncio.run(cancel_one())
+        assert pool.pids() == []  # its stream was mid-message: the worker is gone
+        assert asyncio.run(_together(pool, [_body(4)])) == [4]
+        assert pool.restarts == 0 and len(pool.pids()) == 1 and pool.pids() != [pid]
+    finally:
+        pool.close()
+
+
+def _never_starts() -> Any:
+    raise _WorkerDied("the decoding process did not start")
 
 
 def test_workers_that_cannot_start_leave_decoding_on_threads_said_once(caplog: pytest.LogCaptureFixture) -> None:
-    pool = DecodePool(2, inline_bytes=1)
-    pool._executor = _NeverStarts()  # type: ignore[assignment]
+    pool = DecodePool(2, inline_bytes=1, start=_never_starts)
     body = _body(10)
     for _ in range(3):
         assert asyncio.run(pool.decode(body, "identity", "protobuf", 2**20, decode_request)).accepted == 10
-    assert (pool.workers, pool.restarts, pool._executor) == (0, 0, None)
+    assert (pool.workers, pool.restarts, pool.pids()) == (0, 0, [])
     assert len([r for r in caplog.records if "cannot start" in r.getMessage()]) == 1
 
 
@@ -291,7 +333,7 @@ def test_without_workers_bodies_are_decoded_on_threads() -> None:
     pool = DecodePool(0, inline_bytes=1)
     body = _body(10)
     assert asyncio.run(pool.decode(body, "identity", "protobuf", 2**20, decode_request)).accepted == 10
-    assert pool._executor is None
+    assert pool.pids() == []
 
 
 @pytest.mark.parametrize("value", [-1, 1.5, True, "2"])
