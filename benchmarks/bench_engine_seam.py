@@ -3,7 +3,7 @@
 Run: .venv/bin/python benchmarks/bench_engine_seam.py OLD_TREE --db STORE [--repeats 5]
 
 ``OLD_TREE`` is a checkout of the commit before the seam (``git worktree add --detach
-/tmp/seam-old f17f2c1``: the parent of bd784a0, which added ``treellm/store/engine.py``).
+/tmp/seam-old f17f2c1``: the parent of bd784a0, which added ``treellm/store/backend.py``).
 ``STORE`` is a DuckDB store (or a ``treellm export`` folder, read through ``open_parquet``),
 e.g. ``bench_analysis.py``'s 1M-span store (``--keep DIR``); without ``--db`` one of
 ``--spans`` spans is built the way ``bench_analysis.py`` builds it.

@@ -121,8 +121,8 @@ def whole_command(path: Path, folder: Path) -> tuple[float, float, dict[str, obj
 
 def primary_key_variant(path: Path, folder: Path) -> tuple[float, float]:
     """The insert step with an anti-join (as treellm does) against PRIMARY KEY + INSERT OR IGNORE."""
+    from treellm.derive.transform import MACROS, stage_sql
     from treellm.store.ingest import _read_expression
-    from treellm.store.transform import MACROS, stage_sql
 
     con = duckdb.connect(str(folder / "variants.duckdb"))
     con.execute("SET memory_limit = '1GB'")

@@ -44,7 +44,7 @@ from treellm.analysis import Filters
 from treellm.analysis import explorer as ex
 from treellm.errors import ConfigError, MissingExtraError, StoreBusyError, StoreError
 from treellm.store import sources
-from treellm.store.engine import StoreConnection
+from treellm.store.backend import StoreConnection
 from treellm.store.sources import Source, choose_source, open_source
 from treellm.urls import mask_urls
 

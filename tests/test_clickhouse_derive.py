@@ -25,6 +25,8 @@ from test_clickhouse import normalised
 
 from treellm import analysis as A
 from treellm.cli import main
+from treellm.derive.formats import detect_format, iter_traces_data
+from treellm.derive.transform import WRITTEN_BACK
 from treellm.errors import ConfigError
 from treellm.store import ingest, open_store
 from treellm.store.clickhouse import ClickHouseConnection, open_clickhouse
@@ -38,8 +40,6 @@ from treellm.store.clickhouse_derive import (
     underived,
 )
 from treellm.store.clickhouse_ingest import ingest_clickhouse
-from treellm.store.formats import detect_format, iter_traces_data
-from treellm.store.transform import WRITTEN_BACK
 
 ROOT = Path(__file__).resolve().parents[1]
 # other frameworks' spans as their real instrumentors recorded them, and any-agent's traces

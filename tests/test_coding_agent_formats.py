@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from treellm.cli import main
+from treellm.derive.formats import Record, detect_format, iter_records
 from treellm.errors import IngestError
 from treellm.store import ingest, open_store
-from treellm.store.formats import Record, detect_format, iter_records
 from treellm.telemetry.conventions import unwrap_result
 
 DATA = Path(__file__).parent / "data"

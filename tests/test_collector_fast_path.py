@@ -25,10 +25,10 @@ from treellm.collector import Collector, CollectorConfig
 from treellm.collector.decode import decode_protobuf, decode_request
 from treellm.collector.errors import BadRequest, PayloadTooLarge
 from treellm.collector.pool import DecodePool, _WorkerDied
+from treellm.derive.formats.otlp_proto import canonical_traces_data, raw_traces_data
 from treellm.errors import ConfigError
 from treellm.otlp import DUPLICATE_KEYS, MAX_VALUE_DEPTH, normalize_traces_data
 from treellm.store import open_store
-from treellm.store.formats.otlp_proto import canonical_traces_data, raw_traces_data
 from treellm.store.ingest import ingest_file
 
 TRACE = bytes.fromhex("0af7651916cd43dd8448eb211c80319c")

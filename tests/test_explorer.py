@@ -31,7 +31,7 @@ from treellm.analysis.explorer import (
     run_table,
     think_chat,
 )
-from treellm.analysis.metrics import repeat_samples
+from treellm.analysis.measures import repeat_samples
 from treellm.store import ingest, open_store
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -34,17 +34,17 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from treellm.errors import IngestError
-from treellm.otlp import spans_to_traces_data, traces_data_line
-from treellm.signature import canonical_json, parse_arguments
-from treellm.store import ingest, open_store
-from treellm.store.formats import (
+from treellm.derive.formats import (
     detect_format,
     iter_traces_data,
     proto_to_traces_data,
     sdk_json_to_traces_data,
     trajectories_to_traces_data,
 )
+from treellm.errors import IngestError
+from treellm.otlp import spans_to_traces_data, traces_data_line
+from treellm.signature import canonical_json, parse_arguments
+from treellm.store import ingest, open_store
 
 DATA = Path(__file__).parent / "data" / "external"
 OPENAI = DATA / "any-agent-OPENAI_trace.json"
@@ -696,15 +696,15 @@ def test_a_bare_message_list_is_one_run(tmp_path: Path) -> None:
     assert names.count("chat") == 3
 
 
-# --- the stored key of each call of another framework (store/foreign.py) ------------------------------
+# --- the stored key of each call of another framework (derive/foreign.py) ------------------------------
 
 STORED_PATHS = ["/", ".", "..", "../up", "~/notes", "~", "src", "src/main.py", "src/main", "/srv/main/settings.ini",
                 "/srv/main", "/srv/mains", "main/settings.ini", "/etc", "settings.ini", "/srv//main/./x"]  # fmt: skip
 
 
 def test_stored_target_paths_are_digests_that_overlap_as_the_paths_do() -> None:
+    from treellm.derive.foreign import _path_digest
     from treellm.shell import paths_overlap
-    from treellm.store.foreign import _path_digest
 
     for a in STORED_PATHS:
         for b in STORED_PATHS:

@@ -1,6 +1,6 @@
 """Ingest at scale: the set-based reading of other frameworks' spans, long records, long repeats.
 
-- The conventions are read once per distinct key in :mod:`treellm.store.foreign`; each span's
+- The conventions are read once per distinct key in :mod:`treellm.derive.foreign`; each span's
   stored columns must equal what :func:`treellm.telemetry.conventions.read_span` says of it,
   span by span (the oracle below is the per-span reading it replaced).
 - A converted record longer than ``LINE_SPANS`` is written as several lines, and a call
@@ -17,12 +17,13 @@ from typing import Any
 import pytest
 
 from treellm.analysis import repeat_outcome_by_tool
+from treellm.derive import foreign
+from treellm.derive.trees import EarlierIds
 from treellm.engine import repeats
 from treellm.engine.tools import result_hash
 from treellm.errors import StoreError
-from treellm.store import foreign, ingest, open_store
+from treellm.store import ingest, open_store
 from treellm.store.ingest import LINE_SPANS, split_traces_data
-from treellm.store.trees import EarlierIds
 from treellm.telemetry import conventions
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"

@@ -23,8 +23,8 @@ from treellm.analysis import (
     tuning_by_tool,
     what_if_by_tool_limit,
 )
+from treellm.derive.formats.trajectory import run_result
 from treellm.store import ingest, open_store
-from treellm.store.formats.trajectory import run_result
 
 DATA = Path(__file__).parent / "data" / "external"
 TAU = DATA / "tau-bench-gpt-4o-airline-excerpt.json"

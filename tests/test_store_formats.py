@@ -168,19 +168,19 @@ def test_two_parquet_folders_read_as_one_store(tmp_path: Path) -> None:
 
 
 def test_every_format_module_exposes_name_sniff_and_convert_and_the_registry_orders_them() -> None:
-    from treellm.store import formats
+    from treellm.derive import formats
 
     assert typing.get_args(formats.InputFormat) == formats.NAMES
     assert len(set(formats.NAMES)) == len(formats.NAMES)
     for fmt in formats.FORMATS:
-        module = importlib.import_module(f"treellm.store.formats.{fmt.name.replace('-', '_')}")
+        module = importlib.import_module(f"treellm.derive.formats.{fmt.name.replace('-', '_')}")
         assert (module.NAME, module.sniff, module.convert) == (fmt.name, fmt.sniff, fmt.convert)
         assert module.__doc__ and f"``{fmt.name}``" in module.__doc__
 
 
 def test_the_cli_choices_and_the_ingest_type_are_the_registry_names() -> None:
     from treellm import cli
-    from treellm.store import formats
+    from treellm.derive import formats
     from treellm.store.ingest import InputFormatChoice
 
     assert typing.get_args(InputFormatChoice) == ("auto", *formats.NAMES)
@@ -194,7 +194,7 @@ def test_the_cli_choices_and_the_ingest_type_are_the_registry_names() -> None:
 
 
 def test_the_readme_table_of_recognised_inputs_is_the_registry() -> None:
-    from treellm.store.formats import readme_table
+    from treellm.derive.formats import readme_table
 
     readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
     assert readme_table() in readme
@@ -271,7 +271,7 @@ def rows(db: Path) -> dict[str, Any]:
 def test_console_exporter_files_ingest_exactly_like_the_same_spans_as_otlp(
     tmp_path: Path, formatter: Any, expected: str
 ) -> None:
-    from treellm.store.formats import detect_format, iter_traces_data
+    from treellm.derive.formats import detect_format, iter_traces_data
 
     path = tmp_path / "console.txt"
     spans = console_spans(formatter, path)
@@ -296,8 +296,8 @@ def test_console_exporter_files_ingest_exactly_like_the_same_spans_as_otlp(
 
 
 def test_console_detection_tells_the_json_shapes_apart(tmp_path: Path) -> None:
+    from treellm.derive.formats import detect_format
     from treellm.otlp import spans_to_traces_data
-    from treellm.store.formats import detect_format
 
     path = tmp_path / "console.txt"
     spans = console_spans(None, path)

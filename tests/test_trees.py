@@ -1,4 +1,4 @@
-"""Where a run starts (``store/trees.py``, pure): the framework's own invocation of the whole
+"""Where a run starts (``derive/trees.py``, pure): the framework's own invocation of the whole
 agent or graph, whatever the graph, however the spans arrive (``docs/architecture.md``,
 "Where a run starts")."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from treellm.derive.trees import Placement, SpanFacts, place_trace, place_traces
 from treellm.loop import CallKey
-from treellm.store.trees import Placement, SpanFacts, place_trace, place_traces
 
 T = "t1"
 

@@ -805,7 +805,7 @@ def _command(sub: Any, name: str, **options: Any) -> argparse.ArgumentParser:
     return parser
 
 
-# The names of treellm.store.formats.FORMATS in detection order, spelled out because importing
+# The names of treellm.derive.formats.FORMATS in detection order, spelled out because importing
 # the store would slow every command's start; tests/test_store_formats.py checks them.
 INPUT_FORMATS = (
     "auto", "otlp-jsonl", "sdk-jsonl", "otlp-json", "trajectory", "swe-agent", "sdk-json", "sdk-console", "otlp-proto",

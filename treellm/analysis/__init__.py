@@ -11,7 +11,7 @@ from treellm.errors import require_extra
 require_extra("treellm.analysis", "store", "duckdb", "pandas", "tomli_w")
 
 from treellm.analysis.filters import Filters
-from treellm.analysis.metrics import (
+from treellm.analysis.measures import (
     content_by_tool,
     cost_by_tool,
     prune_rate_by_model,

@@ -3,7 +3,7 @@ filtered, searched), one run's nodes, spans and caught calls, a think node's cha
 actions taken per tool, and a version stamp of the data.
 
 Every function takes a store connection (DuckDB, Parquet through DuckDB, or ClickHouse:
-``treellm.store.engine.StoreConnection``) and reads the views and the ``spans`` relation
+``treellm.store.backend.StoreConnection``) and reads the views and the ``spans`` relation
 only, never files; where the dialects differ each query keeps a DuckDB and a ClickHouse
 text side by side. Pure functions of the connection: no caching, no connection opened.
 """
@@ -19,8 +19,8 @@ from typing import Any, Literal
 import pandas as pd
 
 from treellm.analysis.filters import Filters
-from treellm.analysis.metrics import CLICKHOUSE_SETTINGS, REPEATS_SQL, REPEATS_SQL_CLICKHOUSE
-from treellm.store.engine import StoreConnection, as_connection
+from treellm.analysis.measures import CLICKHOUSE_SETTINGS, REPEATS_SQL, REPEATS_SQL_CLICKHOUSE
+from treellm.store.backend import StoreConnection, as_connection
 
 __all__ = [
     "RUN_SORTS",
@@ -276,7 +276,7 @@ _TEXT_MATCH = """r.run_id IN (
 def run_table(con: StoreConnection, filters: Filters | None = None, query: RunQuery | None = None) -> pd.DataFrame:
     """The runs of the selection that match ``query`` (:data:`RUN_TABLE_COLUMNS`), sorted by
     its key (ties by run id), at most ``query.limit`` rows. ``wasted`` counts the run's
-    executed repeats judged wasted (``analysis.metrics``: the overview's count, per run);
+    executed repeats judged wasted (``analysis.measures``: the overview's count, per run);
     a tool in ``filters`` keeps the runs that called it. Values reach the SQL as parameters."""
     f, q = filters or Filters(), query or RunQuery()
     c = as_connection(con)

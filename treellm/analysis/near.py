@@ -36,9 +36,9 @@ import orjson
 import pandas as pd
 
 from treellm.analysis.filters import Filters
-from treellm.analysis.metrics import CALLS_SQL
+from treellm.analysis.measures import CALLS_SQL
 from treellm.shell import DEFAULT_SHELL_TOOLS, LineWindow, command_text, line_window
-from treellm.store.engine import StoreConnection, as_connection
+from treellm.store.backend import StoreConnection, as_connection
 
 __all__ = ["classify_commands", "classify_pair", "near_repeat_pairs", "near_repeats", "near_repeats_by_tool"]
 

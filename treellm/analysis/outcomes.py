@@ -3,8 +3,8 @@
 A run's outcome is the ``runs`` view's: how treellm's tree ended (``completed``, ``failed``,
 ``budget_exhausted``, ``pruned_out``), or the result the data records (``success``,
 ``failure``: tau-bench's reward, SWE-bench's resolved flag, an exit status; see
-:mod:`treellm.store.formats.trajectory`). Pure over a store connection: one query of the
-views valid in both dialects, plus :func:`~treellm.analysis.metrics.repeat_samples`.
+:mod:`treellm.derive.formats.trajectory`). Pure over a store connection: one query of the
+views valid in both dialects, plus :func:`~treellm.analysis.measures.repeat_samples`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import pandas as pd
 
 from treellm.analysis.filters import Filters
-from treellm.analysis.metrics import repeat_samples
-from treellm.store.engine import StoreConnection, as_connection
+from treellm.analysis.measures import repeat_samples
+from treellm.store.backend import StoreConnection, as_connection
 
 __all__ = ["repeats_by_run_outcome"]
 

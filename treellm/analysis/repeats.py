@@ -47,11 +47,11 @@ from typing import Any, Final
 import pandas as pd
 
 from treellm.analysis.filters import Filters
-from treellm.analysis.metrics import CALLS_SQL
+from treellm.analysis.measures import CALLS_SQL
 from treellm.engine.repeats import CallTargets, ToolRule, call_targets
 from treellm.shell import DEFAULT_SHELL_TOOLS, ENVIRONMENT, CommandTargets, command_targets, command_text, paths_overlap
 from treellm.signature import parse_arguments
-from treellm.store.engine import StoreConnection, as_connection
+from treellm.store.backend import StoreConnection, as_connection
 
 __all__ = [
     "CODE_WRITES",

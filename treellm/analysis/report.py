@@ -8,13 +8,13 @@ from typing import Any
 import pandas as pd
 
 from treellm.analysis.filters import Filters
-from treellm.analysis.metrics import content_by_tool, prune_rate_by_tool, repeat_outcome_by_tool, totals
+from treellm.analysis.measures import content_by_tool, prune_rate_by_tool, repeat_outcome_by_tool, totals
 from treellm.analysis.near import near_repeats_by_tool
 from treellm.analysis.repeats import identical_repeats_by_tool
 from treellm.analysis.repeats import repeats as identical_repeats
 from treellm.analysis.rules import rules_by_tool
 from treellm.analysis.tuning import DEFAULT_MIN_PRODUCTIVE, DEFAULT_MIN_SAMPLES, DEFAULT_TOLERANCE, tuning_by_tool
-from treellm.store.engine import StoreConnection
+from treellm.store.backend import StoreConnection
 from treellm.store.ingest import UNKNOWN_TOOL
 
 __all__ = ["report", "tune"]

@@ -42,7 +42,7 @@ from treellm.engine.repeats import RepeatPolicy, ToolRule, ToolSettings
 from treellm.loop import PathSignatures, call_key
 from treellm.shell import DEFAULT_SHELL_TOOLS, command_targets, command_text
 from treellm.signature import parse_arguments
-from treellm.store.engine import StoreConnection
+from treellm.store.backend import StoreConnection
 
 __all__ = ["RULE_COLUMNS", "candidate_pattern", "rules_by_tool"]
 

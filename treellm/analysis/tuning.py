@@ -21,9 +21,9 @@ import pandas as pd
 import tomli_w
 
 from treellm.analysis.filters import Filters
-from treellm.analysis.metrics import CALLS_SQL, CLICKHOUSE_SETTINGS, repeat_samples
+from treellm.analysis.measures import CALLS_SQL, CLICKHOUSE_SETTINGS, repeat_samples
 from treellm.shell import DEFAULT_SHELL_TOOLS
-from treellm.store.engine import DuckDBConnection, StoreConnection, as_connection
+from treellm.store.backend import DuckDBConnection, StoreConnection, as_connection
 
 __all__ = [
     "DEFAULT_MIN_PRODUCTIVE",

@@ -5,7 +5,7 @@ and ``/v1/metrics`` (OTLP/HTTP, port 4318, loopback by default) for protobuf and
 requests, gzip or not, from any OpenTelemetry SDK or Collector, and writes the spans
 and the metric data points (table ``metric_points``) into the store. Metrics follow the
 same path as spans through a journal of their own (``<db>.collector/metrics/``) and the
-same flusher; :mod:`treellm.store.metrics` explains that design.
+same flusher; :mod:`treellm.store.metric_points` explains that design.
 
 How it fits the store's one-writer-or-many-readers rule (``docs/architecture.md``)::
 

@@ -5,7 +5,7 @@ Contract:
 - :func:`decode_request` takes a whole (decompressed) request body, protobuf or JSON,
   and returns :class:`Decoded`: the accepted spans as OTLP/JSON ``TracesData`` lines in
   the store's canonical encoding (the one :mod:`treellm.otlp` and
-  :func:`~treellm.store.formats.otlp_proto.proto_to_traces_data` write: lowercase hex ids, 64-bit
+  :func:`~treellm.derive.formats.otlp_proto.proto_to_traces_data` write: lowercase hex ids, 64-bit
   integers as decimal strings, ``AnyValue`` objects, integer enums), ready for the
   journal and for :func:`~treellm.store.ingest_file`; and how many spans were rejected
   and why. Deterministic; the body is never mutated.
@@ -16,14 +16,14 @@ Contract:
   and the first reasons, each naming the span and its field, in the validator's words).
   Whatever is accepted is ingestable: the journal never holds a line the store would refuse.
 - Protobuf (the fast road) is checked and made canonical in one pass over the parsed message
-  by :func:`~treellm.store.formats.otlp_proto.canonical_traces_data`: ids, times, kinds, status
+  by :func:`~treellm.derive.formats.otlp_proto.canonical_traces_data`: ids, times, kinds, status
   codes, event times, link ids and value depth by the bounds of the one rule table
   (:mod:`treellm.otlp.validate`), with no raw document rebuilt by the validator. Repeated
   attribute keys of a span, an event or a link are journaled as sent: the store's check flags
   them when the flusher ingests the line, and the validator keeps the last value and records
   the key there (:mod:`treellm.store.ingest`), as it would have here. A resource's or scope's
   repeated keys send the message down the validator's road at once
-  (:func:`~treellm.store.formats.otlp_proto.raw_traces_data`, then
+  (:func:`~treellm.derive.formats.otlp_proto.raw_traces_data`, then
   :func:`treellm.otlp.normalize_traces_data`).
 - JSON is parsed and rebuilt by the one validator, :func:`treellm.otlp.normalize_traces_data`
   (:mod:`treellm.collector.otlp_json`): its rebuild is the canonical line itself, and OTLP/JSON
@@ -33,7 +33,7 @@ Contract:
   :data:`LINE_BYTES` bytes (the ingester reads lines of up to 64 MiB; smaller lines keep
   its memory low). A single span above :data:`LINE_BYTES` once encoded is rejected.
 - :func:`decode_metrics_request` does the same for ``/v1/metrics``: one line per data point,
-  a row of :mod:`treellm.store.metrics` (converted and checked there), rejected points
+  a row of :mod:`treellm.store.metric_points` (converted and checked there), rejected points
   counted apart, an undecodable body a :class:`BadRequest`.
 - :func:`decompress` inflates ``gzip`` / ``deflate`` bodies without ever holding more
   than ``limit + 1`` bytes of output: a compression bomb raises :class:`PayloadTooLarge`
@@ -54,10 +54,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from treellm.collector.errors import BadRequest, PayloadTooLarge
 from treellm.collector.otlp_json import JsonObject, normalize_request
+from treellm.derive.formats.otlp_proto import canonical_traces_data, raw_traces_data
 from treellm.errors import IngestError
 from treellm.otlp import json_line
-from treellm.store.formats.otlp_proto import canonical_traces_data, raw_traces_data
-from treellm.store.metrics import (
+from treellm.store.metric_points import (
     metrics_request_from_json,
     metrics_request_from_protobuf,
     point_line,
@@ -164,7 +164,7 @@ def decode_json(body: bytes) -> Decoded:
 
 def decode_metrics_request(body: bytes, encoding: Encoding) -> Decoded:
     """A ``/v1/metrics`` body, protobuf or OTLP/JSON ``ExportMetricsServiceRequest``: one journal line
-    per data point (:func:`~treellm.store.metrics.point_line`); a point the store cannot hold, or
+    per data point (:func:`~treellm.store.metric_points.point_line`); a point the store cannot hold, or
     one above :data:`LINE_BYTES` once encoded, is rejected alone. An undecodable body raises
     :class:`BadRequest`."""
     parse = metrics_request_from_protobuf if encoding == "protobuf" else metrics_request_from_json

@@ -18,7 +18,7 @@ Contract:
 - ``POST /v1/metrics`` answers by the same rules (an ``ExportMetricsServiceResponse``,
   ``rejected_data_points`` in a partial success): 200 only once the request's data points
   are fsync'd in the metrics journal; the flusher inserts them into ``metric_points``
-  (:mod:`treellm.store.metrics`, which explains the design).
+  (:mod:`treellm.store.metric_points`, which explains the design).
 - Bodies are decoded off the event loop by :class:`~treellm.collector.pool.DecodePool`: worker
   processes, one per core (``decode_workers``), started at :meth:`Collector.start`; small bodies
   sent without a content coding are decoded on the event loop. The journal's writer commits the

@@ -2,11 +2,11 @@
 
 Every road into the store goes through :func:`normalize_traces_data` or is checked by
 :data:`VALIDATE_SQL`, both derived from :data:`SPAN_RULES` / :data:`EVENT_RULES` /
-:data:`LINK_RULES`: the collector's OTLP/JSON, every converter of :mod:`treellm.store.formats`,
+:data:`LINK_RULES`: the collector's OTLP/JSON, every converter of :mod:`treellm.derive.formats`,
 ingest's line check and ``--skip-bad``, and the SQL that checks what DuckDB staged from a file
 read in place. The collector's protobuf road checks each span's own fields against the same
 rules' bounds in one pass over the message
-(:func:`~treellm.store.formats.otlp_proto.canonical_traces_data`; its rejections are worded by
+(:func:`~treellm.derive.formats.otlp_proto.canonical_traces_data`; its rejections are worded by
 :func:`span_problem`) and leaves repeated attribute keys to :data:`VALIDATE_SQL` at flush.
 
 Contract of :func:`normalize_traces_data` (pure: no I/O, the input is never mutated): it

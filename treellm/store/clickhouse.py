@@ -37,6 +37,7 @@ import pandas as pd
 
 from treellm import settings
 from treellm.errors import ConfigError, MissingExtraError, StoreError
+from treellm.store.backend import Dialect
 from treellm.store.clickhouse_views import (
     DEFAULT_TABLE,
     DERIVED_SPANS,
@@ -57,7 +58,6 @@ from treellm.store.clickhouse_views import (
     view_queries,
 )
 from treellm.store.connection import NotOwnedError, apply_migrations
-from treellm.store.engine import Dialect
 from treellm.urls import display_url
 from treellm.urls import scrub as _scrubbed
 
@@ -195,7 +195,7 @@ def plan_views(database: str, existing: Mapping[str, tuple[str, str]]) -> dict[s
 
 
 class ClickHouseConnection:
-    """A :class:`~treellm.store.engine.Connection` to ClickHouse (server or chDB).
+    """A :class:`~treellm.store.backend.Connection` to ClickHouse (server or chDB).
 
     ``query(sql, params) -> DataFrame`` and ``command(sql)`` are the driver's calls;
     ``df`` blocks, and a ClickHouse error propagates as the driver's exception (one of

@@ -47,11 +47,11 @@ from typing import Final
 
 import duckdb
 
+from treellm.derive.transform import WRITTEN_BACK
 from treellm.errors import ConfigError
 from treellm.store.clickhouse import ClickHouseConnection
 from treellm.store.clickhouse_views import DERIVED_SPANS, DERIVED_TRACES
 from treellm.store.ingest import BadRecord, ingest
-from treellm.store.transform import WRITTEN_BACK
 from treellm.telemetry import semconv as sc
 
 __all__ = [

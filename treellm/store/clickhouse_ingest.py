@@ -32,6 +32,7 @@ from typing import Final
 
 import duckdb
 
+from treellm.derive.transform import WRITTEN_BACK
 from treellm.store.clickhouse import ClickHouseConnection
 from treellm.store.clickhouse_derive import (
     Shard,
@@ -42,7 +43,6 @@ from treellm.store.clickhouse_derive import (
     write_derived,
 )
 from treellm.store.ingest import IngestProgress, IngestReport, InputFormatChoice, ingest
-from treellm.store.transform import WRITTEN_BACK
 
 __all__ = ["ingest_clickhouse", "rows_sql"]
 

@@ -40,9 +40,9 @@ Contract (runs on its own thread; never raises):
   idempotent by (trace_id, span_id), and the quarantine file is named by its content.
   Any other failure (disk, a corrupt store) is logged, counted and retried with backoff:
   the journal keeps the data.
-- Metric points (optional ``metrics_journal``, see :mod:`treellm.store.metrics`): each
+- Metric points (optional ``metrics_journal``, see :mod:`treellm.store.metric_points`): each
   flush, after its span segment, inserts the oldest metrics segment (or the open one, cut)
-  with :func:`~treellm.store.metrics.insert_point_lines`, in its own short transaction right
+  with :func:`~treellm.store.metric_points.insert_point_lines`, in its own short transaction right
   after the span one, so both kinds share one flush and the readers' pause. The same rules
   apply: deleted after the commit (``point_id`` makes a replay harmless), busy and failures
   retried, a refused segment split down to a quarantined point. A busy store skips the
@@ -75,7 +75,7 @@ import orjson
 from treellm.errors import IngestError, StoreBusyError, StoreError
 from treellm.store.ingest import Accounting, FileReport, combine, ingest_file
 from treellm.store.journal import Journal, Segment
-from treellm.store.metrics import insert_point_lines
+from treellm.store.metric_points import insert_point_lines
 
 __all__ = ["Flusher", "FlusherStats", "halve_traces_line"]
 

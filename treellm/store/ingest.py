@@ -3,8 +3,8 @@
 Contract:
 
 - Every format becomes OTLP/JSON ``TracesData`` lines; DuckDB flattens them in SQL
-  (:mod:`treellm.store.transform`). OTLP JSON lines are read in place; the other
-  formats (:mod:`treellm.store.formats`) are converted to a temporary JSONL file first,
+  (:mod:`treellm.derive.transform`). OTLP JSON lines are read in place; the other
+  formats (:mod:`treellm.derive.formats`) are converted to a temporary JSONL file first,
   every record through the one validator (:func:`treellm.otlp.normalize_traces_data`).
 - What a valid span is lives in :mod:`treellm.otlp.validate` only. A file read in place is
   checked by its generated SQL (``VALIDATE_SQL``); when that flags a span, or DuckDB refuses
@@ -62,19 +62,14 @@ import orjson
 import pandas as pd
 
 from treellm import settings
-from treellm.errors import IngestError, StoreError
-from treellm.exporters.jsonl import end_of_last_line
-from treellm.otlp import Normalized, StructureError, json_line, normalize_traces_data
-from treellm.store.connection import open_store
-from treellm.store.foreign import (
+from treellm.derive.foreign import (
     FOREIGN_COLUMNS,
     internal_tools,  # noqa: F401  (read here by callers of ingest)
 )
-from treellm.store.foreign import finish_foreign as _finish_foreign
-from treellm.store.foreign import read_foreign as _read_foreign
-from treellm.store.formats import InputFormat, detect_format, iter_records
-from treellm.store.schema import SPAN_COLUMNS
-from treellm.store.transform import (
+from treellm.derive.foreign import finish_foreign as _finish_foreign
+from treellm.derive.foreign import read_foreign as _read_foreign
+from treellm.derive.formats import InputFormat, detect_format, iter_records
+from treellm.derive.transform import (
     MACROS,
     READ_COLUMNS,
     REDACT_KEYS_SQL,
@@ -87,6 +82,11 @@ from treellm.store.transform import (
     redact_text_sql,
     stage_sql,
 )
+from treellm.errors import IngestError, StoreError
+from treellm.exporters.jsonl import end_of_last_line
+from treellm.otlp import Normalized, StructureError, json_line, normalize_traces_data
+from treellm.store.connection import open_store
+from treellm.store.schema import SPAN_COLUMNS
 from treellm.telemetry import semconv as sc
 from treellm.telemetry.redaction import MASK, Capture, CaptureMode, ForeignCapture, ValueRule, resolve_capture
 
@@ -107,7 +107,7 @@ __all__ = [
 UNKNOWN_TOOL = "(unknown tool)"
 """What a report shows for a caught call (or a call) whose span names no tool: never None or nan."""
 
-InputFormatChoice = Literal["auto", InputFormat]  # the names of treellm.store.formats.FORMATS
+InputFormatChoice = Literal["auto", InputFormat]  # the names of treellm.derive.formats.FORMATS
 MAX_LINE_BYTES = 64 * 1024 * 1024
 MEMORY_LIMIT = settings.get(settings.TREELLM_INGEST_MEMORY_LIMIT)  # read once, at import
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from treellm.store.metrics import METRIC_POINTS_SQL
+from treellm.store.metric_points import METRIC_POINTS_SQL
 
 __all__ = ["MIGRATIONS", "MIGRATIONS_TABLE", "MIGRATIONS_TABLE_COLUMNS", "MIGRATIONS_TABLE_SQL", "SPAN_COLUMNS"]
 
@@ -338,7 +338,7 @@ JOIN spans s USING (trace_id, span_id)
 WHERE e.name = 'loop:detected';
 """
 
-# 0007: the stored key of each call of another framework (``store/foreign.py``): the SHA-256 hex
+# 0007: the stored key of each call of another framework (``derive/foreign.py``): the SHA-256 hex
 # of its tool and canonical raw argument text (``call_digest``) and its targets as compact JSON
 # with each path component digested (``call_targets``), written when the call is first keyed
 # from its raw values, so a trace placed again in a later transaction never keys its calls on
@@ -350,7 +350,7 @@ ALTER TABLE spans ADD COLUMN call_targets VARCHAR;
 """
 
 # 0008: the chain of identical calls each counted call of another framework belongs to (the span
-# id of its oldest earlier call that counts, else its own; ``store/trees.py``), so a repeat is
+# id of its oldest earlier call that counts, else its own; ``derive/trees.py``), so a repeat is
 # judged against the calls of its chain of lower ordinal instead of a list of every earlier call
 # (quadratic in a loop: 10,000 identical calls named 50M earlier ids); ``earlier_node_ids`` of
 # such calls keeps the most recent ``EARLIER_KEPT``. Stored calls get theirs from their list.

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
 from treellm import settings
+from treellm.store.backend import StoreConnection
 from treellm.store.clickhouse_views import DEFAULT_TABLE as DEFAULT_CLICKHOUSE_TABLE
 from treellm.store.connection import default_db_path, open_parquet, open_store
-from treellm.store.engine import StoreConnection
 from treellm.urls import display_url
 
 __all__ = ["DEFAULT_CLICKHOUSE_TABLE", "Source", "choose_source", "describe_source", "open_source"]

@@ -32,7 +32,7 @@ Roles: ``tool`` (a tool call), ``llm`` (a model call), ``agent`` (an agent's inv
 ``workflow`` (the invocation of a chain, graph or workflow: GenAI ``invoke_workflow``,
 OpenInference ``CHAIN``, Traceloop ``workflow``) and ``other``. An agent or a workflow is
 an *invocation*: the outermost invocation of a trace that holds a model or tool call starts
-a run (:mod:`treellm.store.trees`), whatever the framework names its nodes.
+a run (:mod:`treellm.derive.trees`), whatever the framework names its nodes.
 
 A tool span that records no arguments (a framework's content capture off) is a call with
 its **arguments unknown**: :attr:`ForeignSpan.arguments` is ``None``, never ``{}``, and the

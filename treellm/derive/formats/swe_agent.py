@@ -16,7 +16,7 @@ blank, is its one call (as above), else each entry of its OpenAI ``tool_calls`` 
 ``tool`` or ``user`` message (a turn of several tool calls has no results). There the k-th
 call is the k-th call of the assistant messages in order.
 
-The trace is shaped as in ``trajectory`` (:mod:`treellm.store.formats._transcript`: a root
+The trace is shaped as in ``trajectory`` (:mod:`treellm.derive.formats._transcript`: a root
 ``invoke_agent trajectory`` span, its agent named by the file's stem, a ``chat`` span per
 turn followed by its ``execute_tool bash`` span; a step takes two synthetic milliseconds,
 so time order is step order). Call ids are the call's own id when it has one (``tool_calls``),
@@ -37,10 +37,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
-from treellm.errors import IngestError
-from treellm.store.formats._base import Malformed, Record, kind_of, load_json, mapping, sequence
-from treellm.store.formats._sniff import Sample, Verdict
-from treellm.store.formats._transcript import (
+from treellm.derive.formats._base import Malformed, Record, kind_of, load_json, mapping, sequence
+from treellm.derive.formats._sniff import Sample, Verdict
+from treellm.derive.formats._transcript import (
     RunReading,
     Scalar,
     ToolCall,
@@ -51,6 +50,7 @@ from treellm.store.formats._transcript import (
     run_records,
     scalar_fields,
 )
+from treellm.errors import IngestError
 
 NAME: Final = "swe-agent"
 WHAT: Final = (

@@ -30,9 +30,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
+from treellm.derive.formats._base import SCOPE_NAME, JsonObject, Malformed, Record, checked, mapping, sequence
 from treellm.errors import IngestError
 from treellm.otlp import key_values
-from treellm.store.formats._base import SCOPE_NAME, JsonObject, Malformed, Record, checked, mapping, sequence
 from treellm.telemetry import semconv as sc
 
 Scalar = str | int | float | bool

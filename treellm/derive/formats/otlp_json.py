@@ -16,9 +16,9 @@ import re
 from collections.abc import Iterator
 from typing import Final
 
+from treellm.derive.formats._base import Record, checked, decode_text, kind_of
+from treellm.derive.formats._sniff import Sample, Verdict
 from treellm.errors import IngestError
-from treellm.store.formats._base import Record, checked, decode_text, kind_of
-from treellm.store.formats._sniff import Sample, Verdict
 
 NAME: Final = "otlp-json"
 WHAT: Final = "OTLP/JSON request documents: one (pretty-printed or not), several one after the other, or a list"

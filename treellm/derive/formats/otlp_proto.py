@@ -28,11 +28,11 @@ from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from google.protobuf.unknown_fields import UnknownFieldSet  # type: ignore[import-untyped]
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, TracesData
 
+from treellm.derive.formats._base import JsonObject, Record, checked, with_schema
+from treellm.derive.formats._sniff import NeedBytes, Sample, Verdict
 from treellm.errors import IngestError
 from treellm.otlp import MAX_VALUE_DEPTH, Normalized, any_value
 from treellm.otlp.validate import EVENT_RULES, LINK_RULES, SPAN_RULES, Rule, span_problem
-from treellm.store.formats._base import JsonObject, Record, checked, with_schema
-from treellm.store.formats._sniff import NeedBytes, Sample, Verdict
 
 NAME: Final = "otlp-proto"
 WHAT: Final = (
@@ -73,7 +73,7 @@ def sniff(sample: Sample) -> Verdict:
 
 def convert(data: bytes, *, path: str) -> Iterator[Record | IngestError]:
     """Each message of ``data`` as a record (its good spans), each rejected span reported
-    after it (:func:`~treellm.store.formats._base.checked`); a corrupt message is the last item."""
+    after it (:func:`~treellm.derive.formats._base.checked`); a corrupt message is the last item."""
     try:
         for index, message in _proto_messages(data, path=path):
             yield from checked(index, raw_traces_data(message), path=path)

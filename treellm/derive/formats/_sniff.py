@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Final, Literal
 import orjson
 
 if TYPE_CHECKING:
-    from treellm.store.formats._base import Format, InputFormat
+    from treellm.derive.formats._base import Format, InputFormat
 
 SNIFF_BYTES: Final = 1 << 16
 MAX_SNIFF_BYTES: Final = 64 << 20

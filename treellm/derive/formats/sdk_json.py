@@ -1,7 +1,7 @@
 """``sdk-json``: OpenTelemetry SDK span JSON as one document.
 
 Spans as the OpenTelemetry Python SDK's ``ReadableSpan.to_json()`` writes them (see
-:mod:`treellm.store.formats._sdk` for the accepted variants), as ``{"spans": [...]}``
+:mod:`treellm.derive.formats._sdk` for the accepted variants), as ``{"spans": [...]}``
 (other keys ignored), a bare list, or a file holding exactly one span object. The whole
 file's good spans are one record; each bad span is reported by its index as ``record`` (the
 good ones are kept with ``--skip-bad``).
@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
+from treellm.derive.formats._base import Malformed, Record, checked, kind_of, load_json
+from treellm.derive.formats._sdk import SdkSpan, sdk_span, traces_data
+from treellm.derive.formats._sniff import Sample, Verdict, is_span
 from treellm.errors import IngestError
-from treellm.store.formats._base import Malformed, Record, checked, kind_of, load_json
-from treellm.store.formats._sdk import SdkSpan, sdk_span, traces_data
-from treellm.store.formats._sniff import Sample, Verdict, is_span
 
 NAME: Final = "sdk-json"
 WHAT: Final = 'OpenTelemetry SDK span JSON (`{"spans": [...]}` or a list; ids hex, `0x` hex or integers)'

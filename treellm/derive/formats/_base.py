@@ -1,7 +1,7 @@
 """What every input format shares: the registry's value types and the readers of bytes and JSON.
 
 A format is a :class:`Format`: a ``name`` (one of :data:`InputFormat`), a ``sniff`` that
-looks at a :class:`~treellm.store.formats._sniff.Sample` of the file's first bytes, and a
+looks at a :class:`~treellm.derive.formats._sniff.Sample` of the file's first bytes, and a
 ``convert`` that turns the file's bytes into :class:`Record` values (or ``None``: the
 ingester reads the format in place). Converters are pure: bytes in, new dicts out, no
 clock, no randomness; a malformed record is *yielded* as an :class:`IngestError` (with
@@ -21,7 +21,7 @@ from treellm.otlp import StructureError, normalize_traces_data
 from treellm.telemetry import semconv as sc
 
 if TYPE_CHECKING:
-    from treellm.store.formats._sniff import Sample, Verdict
+    from treellm.derive.formats._sniff import Sample, Verdict
 
 InputFormat = Literal[
     "otlp-jsonl", "sdk-jsonl", "otlp-json", "trajectory", "swe-agent", "sdk-json", "sdk-console", "otlp-proto"
@@ -29,7 +29,7 @@ InputFormat = Literal[
 JsonObject = dict[str, Any]
 
 ORPHAN_PARENT = sc.INGEST_ORPHAN_PARENT
-SCOPE_NAME = "treellm.store.foreign"  # kept: it is stored on the spans of converted trajectories
+SCOPE_NAME = "treellm.derive.foreign"  # kept: it is stored on the spans of converted trajectories
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,10 +50,10 @@ class Converter(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Format:
-    """One input format of the registry (see :mod:`treellm.store.formats`).
+    """One input format of the registry (see :mod:`treellm.derive.formats`).
 
     ``sniff(sample)`` is pure and never raises for any bytes: True (this format), False
-    (not this one) or :class:`~treellm.store.formats._sniff.NeedBytes` (ask again with a
+    (not this one) or :class:`~treellm.derive.formats._sniff.NeedBytes` (ask again with a
     longer prefix). ``convert(data, path=...)`` yields each record in file order, as a
     :class:`Record` or an :class:`IngestError`; it is ``None`` for ``otlp-jsonl``, which the
     ingester reads in place. ``what`` and ``mapping`` are the README table's columns.

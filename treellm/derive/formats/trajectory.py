@@ -3,7 +3,7 @@
 A bare list of messages, an object with a ``messages`` or ``traj`` list (its other scalar
 fields become ``treellm.trajectory.<key>`` on the run span), or a JSON list of such runs
 (an empty list holds no runs). Each run is one trace and one record, shaped like
-treellm's own runs (:mod:`treellm.store.formats._transcript`): a root ``invoke_agent
+treellm's own runs (:mod:`treellm.derive.formats._transcript`): a root ``invoke_agent
 trajectory`` span, then, as its children in message order, a ``chat`` span per assistant
 message and an ``execute_tool {name}`` span per tool call carrying the raw argument text
 and the paired result. Ids are a hash of the run's content and its index in the file, so
@@ -57,10 +57,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from treellm.errors import IngestError
-from treellm.store.formats._base import JsonObject, Malformed, Record, kind_of, load_json
-from treellm.store.formats._sniff import Sample, Verdict
-from treellm.store.formats._transcript import (
+from treellm.derive.formats._base import JsonObject, Malformed, Record, kind_of, load_json
+from treellm.derive.formats._sniff import Sample, Verdict
+from treellm.derive.formats._transcript import (
     RunReading,
     ToolCall,
     ToolResult,
@@ -72,6 +71,7 @@ from treellm.store.formats._transcript import (
     scalar_fields,
     trajectory_document,
 )
+from treellm.errors import IngestError
 
 NAME: Final = "trajectory"
 WHAT: Final = (

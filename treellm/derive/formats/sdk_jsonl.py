@@ -3,7 +3,7 @@
 What ``ConsoleSpanExporter(formatter=lambda s: s.to_json(indent=None) + "\\n")`` writes.
 Each non-blank line is one record (``record`` counts them from 0, ``line`` is the line
 number); a bad line is reported and the lines after it are still read. Spans convert as
-in ``sdk-json`` (:mod:`treellm.store.formats._sdk`), parents looked up in the whole file.
+in ``sdk-json`` (:mod:`treellm.derive.formats._sdk`), parents looked up in the whole file.
 
 Detection: the first line is one complete JSON object with ``context`` and ``name``, and
 something follows it (a file of exactly one span is ``sdk-json``).
@@ -17,10 +17,10 @@ from typing import Final
 
 import orjson
 
+from treellm.derive.formats._base import Malformed, Record, decode_text
+from treellm.derive.formats._sdk import SdkSpan, sdk_span, span_records
+from treellm.derive.formats._sniff import Sample, Verdict, is_span
 from treellm.errors import IngestError
-from treellm.store.formats._base import Malformed, Record, decode_text
-from treellm.store.formats._sdk import SdkSpan, sdk_span, span_records
-from treellm.store.formats._sniff import Sample, Verdict, is_span
 
 NAME: Final = "sdk-jsonl"
 WHAT: Final = "OpenTelemetry SDK spans as JSON lines, one `ReadableSpan.to_json(indent=None)` per line"

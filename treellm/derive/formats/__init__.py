@@ -11,7 +11,7 @@ docstring says what it accepts and how it is detected) and exposes ``NAME``, ``W
 
 Contract:
 
-- ``sniff(sample)`` is pure and total: it looks at a :class:`~treellm.store.formats._sniff.Sample`
+- ``sniff(sample)`` is pure and total: it looks at a :class:`~treellm.derive.formats._sniff.Sample`
   (the file's first bytes, and the keys of its first JSON object read so far) and returns
   True, False or ``NeedBytes(n)`` (decide again with the first ``n`` bytes). Detection
   asks the formats in :data:`FORMATS` order, once before any JSON key and again after
@@ -36,8 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
-from treellm.errors import IngestError
-from treellm.store.formats import (
+from treellm.derive.formats import (
     otlp_json,
     otlp_jsonl,
     otlp_proto,
@@ -47,11 +46,12 @@ from treellm.store.formats import (
     swe_agent,
     trajectory,
 )
-from treellm.store.formats._base import Format, InputFormat, JsonObject, Record
-from treellm.store.formats._sniff import SNIFF_BYTES, NeedBytes, decide
-from treellm.store.formats.otlp_proto import proto_to_traces_data
-from treellm.store.formats.sdk_json import sdk_json_to_traces_data
-from treellm.store.formats.trajectory import trajectories_to_traces_data
+from treellm.derive.formats._base import Format, InputFormat, JsonObject, Record
+from treellm.derive.formats._sniff import SNIFF_BYTES, NeedBytes, decide
+from treellm.derive.formats.otlp_proto import proto_to_traces_data
+from treellm.derive.formats.sdk_json import sdk_json_to_traces_data
+from treellm.derive.formats.trajectory import trajectories_to_traces_data
+from treellm.errors import IngestError
 
 __all__ = [
     "FORMATS",

@@ -21,9 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-from treellm.errors import IngestError
-from treellm.otlp import key_values
-from treellm.store.formats._base import (
+from treellm.derive.formats._base import (
     ORPHAN_PARENT,
     JsonObject,
     Malformed,
@@ -34,6 +32,8 @@ from treellm.store.formats._base import (
     sequence,
     with_schema,
 )
+from treellm.errors import IngestError
+from treellm.otlp import key_values
 
 _SPAN_KINDS: Final = {"UNSPECIFIED": 0, "INTERNAL": 1, "SERVER": 2, "CLIENT": 3, "PRODUCER": 4, "CONSUMER": 5}
 _STATUS_CODES: Final = {"UNSET": 0, "OK": 1, "ERROR": 2}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from treellm.store.formats._sniff import Sample, Verdict
+from treellm.derive.formats._sniff import Sample, Verdict
 
 NAME: Final = "otlp-jsonl"
 WHAT: Final = "OTLP/JSON, one `TracesData` per line (treellm's exporter, the Collector's file exporter)"

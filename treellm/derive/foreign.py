@@ -5,7 +5,7 @@ whatever DuckDB raises. :func:`read_foreign` runs before the insert, over the te
 ``fresh`` (the spans an ingest is about to insert), and leaves what
 :mod:`treellm.telemetry.conventions` says of them in ``foreign_answers``, which the insert joins
 in (:data:`FOREIGN_COLUMNS`): those columns are written once, with the row. :func:`finish_foreign`
-runs after the insert and writes what :mod:`treellm.store.trees` derives for their traces. The
+runs after the insert and writes what :mod:`treellm.derive.trees` derives for their traces. The
 rules are theirs; this module only moves data, so that the work done in Python is as small as
 the rules allow:
 
@@ -18,7 +18,7 @@ the rules allow:
   value; the answers go back as tables joined in SQL.
 - The trees are placed a batch of whole traces (about :data:`_PLACE_SPANS` spans) at a time, and
   their answer goes back in bounded updates; a call's earlier identical calls are views of one
-  list per key (:class:`treellm.store.trees.EarlierIds`), never a tuple per call, and each call
+  list per key (:class:`treellm.derive.trees.EarlierIds`), never a tuple per call, and each call
   stores its chain (``repeat_chain``) and at most :data:`EARLIER_KEPT` of them.
 - Whole traces are placed again whenever one of their spans arrives, so spans stored
   before their run's root (a batch exporter sends children first) move to that run.
@@ -59,11 +59,11 @@ import orjson
 import pandas as pd
 
 from treellm import settings
+from treellm.derive.trees import Placement, SpanFacts, place_traces
 from treellm.engine import repeats
 from treellm.engine.tools import result_hash
 from treellm.loop import CallKey, Paths
 from treellm.signature import RawArguments, canonical_json, hash_text, parse_arguments, signature
-from treellm.store.trees import Placement, SpanFacts, place_traces
 from treellm.telemetry import conventions
 
 __all__ = ["DEFAULT_INTERNAL", "EARLIER_KEPT", "FOREIGN_COLUMNS", "finish_foreign", "internal_tools", "read_foreign"]

@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from treellm.analysis.filters import Filters
-from treellm.store.engine import Connection, StoreConnection, as_connection
+from treellm.store.backend import Connection, StoreConnection, as_connection
 from treellm.telemetry.conventions import content_switch
 
 __all__ = [
@@ -52,7 +52,7 @@ WHERE tool_name IS NOT NULL AND (operation = 'execute_tool' OR node_kind = 'tool
 # Every executed repeat (ordinal >= 2) with its outcome, judged against the earlier identical calls
 # that its count counted: for treellm's own calls those its ``earlier_node_ids`` name (its path in
 # the tree, branches apart); for another framework's calls the calls of its ``repeat_chain`` of
-# lower ordinal (their paths have no branches: ``store/trees.py``), by window functions, so a loop
+# lower ordinal (their paths have no branches: ``derive/trees.py``), by window functions, so a loop
 # of k identical calls costs k rows, never k²/2 pairs.
 _JUDGED = """run_id, node_id, tool, ordinal, status, shadow_caught, duration_ns, result_chars, start_ns, {limit},
        signature, arguments, all_differ, missing_result, last_status, last_earlier, has_earlier"""

@@ -4,7 +4,7 @@ Each span's ``ReadableSpan.to_json()`` (pretty-printed with indent 4) followed b
 concatenated: many JSON objects one after the other, not a JSON list. Any whitespace (or
 none) between the objects is accepted, so other formatters' output reads too. Each span
 object is one record (``record`` counts them from 0; the reason names the line it starts
-on). Spans convert as in ``sdk-json`` (:mod:`treellm.store.formats._sdk`), parents looked
+on). Spans convert as in ``sdk-json`` (:mod:`treellm.derive.formats._sdk`), parents looked
 up in the whole file.
 
 A bad object does not lose the good ones after it: a span that is not valid is reported
@@ -23,10 +23,10 @@ import re
 from collections.abc import Iterator
 from typing import Final
 
+from treellm.derive.formats._base import Malformed, Record, decode_text
+from treellm.derive.formats._sdk import SdkSpan, sdk_span, span_records
+from treellm.derive.formats._sniff import Sample, Verdict, is_span
 from treellm.errors import IngestError
-from treellm.store.formats._base import Malformed, Record, decode_text
-from treellm.store.formats._sdk import SdkSpan, sdk_span, span_records
-from treellm.store.formats._sniff import Sample, Verdict, is_span
 
 NAME: Final = "sdk-console"
 WHAT: Final = (
