@@ -293,10 +293,75 @@ def test_migrations_are_named_ordered_and_recorded_once(tmp_path: Path) -> None:
     con = open_store(db, read_only=True)
     from treellm.store.schema import MIGRATIONS
 
-    names = [r[0] for r in rows(con, "SELECT name FROM schema_migrations ORDER BY name")]
+    names = [r[0] for r in rows(con, "SELECT name FROM schema_migrations WHERE name NOT LIKE 'views %' ORDER BY name")]
     assert names == [name for name, _ in MIGRATIONS] == sorted(names)
     assert names[:4] == ["0001_raw_tables", "0002_views", "0003_earlier_calls", "0004_foreign_trees"]
+    from treellm.store.schema import VIEWS_RECORD
+
+    assert rows(con, "SELECT name FROM schema_migrations WHERE name LIKE 'views %'") == [(VIEWS_RECORD,)]
     con.close()
+
+
+def _with_views(monkeypatch: pytest.MonkeyPatch, views: str) -> str:
+    """This process's treellm with ``views`` as its view model; returns its record."""
+    import hashlib
+
+    from treellm.store import connection
+
+    record = "views " + hashlib.sha256(views.encode()).hexdigest()[:16]
+    monkeypatch.setattr(connection, "VIEWS", views)
+    monkeypatch.setattr(connection, "VIEWS_RECORD", record)
+    return record
+
+
+def test_a_column_added_to_a_view_is_one_change_that_a_writer_applies_and_a_reader_waits_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, demo_jsonl: tuple[Path, RunResult]
+) -> None:
+    from treellm.errors import StoreError
+    from treellm.store.schema import VIEWS
+
+    db = tmp_path / "t.duckdb"
+    assert ingest(db, [demo_jsonl[0]]).runs == 1
+    con = open_store(db, read_only=True)
+    calls = rows(con, "SELECT count(*) FROM tool_calls")
+    con.close()
+    changed = VIEWS.replace("s.earlier_node_ids,\n", "s.earlier_node_ids, s.tool_name || '!' AS shouted,\n", 1)
+    assert changed != VIEWS  # the one place: the view model
+    record = _with_views(monkeypatch, changed)
+    with pytest.raises(StoreError, match=r"its views are another version's.*treellm ingest"):
+        open_store(db, read_only=True)  # a reader never recreates them, and never reads the old ones as new
+    open_store(db).close()  # a writer recreates them, with no migration of its own
+    con = open_store(db, read_only=True)
+    try:
+        assert rows(con, "SELECT count(*) FROM tool_calls") == calls
+        assert rows(con, "SELECT DISTINCT shouted FROM tool_calls ORDER BY 1")[0][0].endswith("!")
+        assert rows(con, "SELECT name FROM schema_migrations WHERE name LIKE 'views %'") == [(record,)]
+    finally:
+        con.close()
+    monkeypatch.undo()  # this treellm again: the writer puts its views back
+    open_store(db).close()
+    con = open_store(db, read_only=True)
+    try:
+        assert "shouted" not in [c[0] for c in con.execute("SELECT * FROM tool_calls LIMIT 0").description]
+    finally:
+        con.close()
+
+
+def test_a_store_written_before_the_views_were_recorded_reads_as_it_is(tmp_path: Path) -> None:
+    db = tmp_path / "t.duckdb"
+    open_store(db).close()
+    con = duckdb.connect(str(db))
+    con.execute("DELETE FROM schema_migrations WHERE name LIKE 'views %'")  # as the migrations up to 0008 left it
+    con.close()
+    con = open_store(db, read_only=True)  # its views are those the migrations wrote, the same as today's
+    assert rows(con, "SELECT count(*) FROM runs") == [(0,)]
+    con.close()
+    from treellm.store.connection import unmigrated_reason
+    from treellm.store.schema import MIGRATIONS
+
+    names = [name for name, _ in MIGRATIONS]
+    assert unmigrated_reason(names) is None
+    assert unmigrated_reason([*names, "views 0000000000000000"]) == "its views are another version's"
 
 
 def test_a_large_file_is_staged_in_chunks_within_one_transaction(

@@ -29,7 +29,16 @@ import duckdb
 
 from treellm import settings
 from treellm.errors import StoreBusyError, StoreError
-from treellm.store.schema import MIGRATIONS, MIGRATIONS_TABLE, MIGRATIONS_TABLE_COLUMNS, MIGRATIONS_TABLE_SQL
+from treellm.store.schema import (
+    MIGRATIONS,
+    MIGRATIONS_TABLE,
+    MIGRATIONS_TABLE_COLUMNS,
+    MIGRATIONS_TABLE_SQL,
+    VIEWS,
+    VIEWS_RECORD,
+    VIEWS_RECORD_PREFIX,
+    views_digest,
+)
 
 __all__ = [
     "DEFAULT_DB", "ENV_DB", "NotOwnedError", "apply_migrations", "default_db_path", "foreign_store_reason",
@@ -82,13 +91,16 @@ def foreign_store_reason(
 
 def unmigrated_reason(recorded: Collection[str]) -> str | None:
     """Why a treellm store that records the migrations ``recorded`` cannot be read as it is,
-    or ``None`` when every migration is recorded (pure). A reader never migrates, so a store
-    whose migrations were interrupted (or that an older treellm wrote) needs a writer first."""
+    or ``None`` when every migration is recorded and its views are this treellm's (pure). A
+    reader never migrates, so a store whose migrations were interrupted (or that an older
+    treellm wrote) needs a writer first."""
     missing = [name for name, _ in MIGRATIONS if name not in recorded]
-    if not missing:
-        return None
-    done = len(MIGRATIONS) - len(missing)
-    return f"it records {done} of {len(MIGRATIONS)} migrations (the next is {missing[0]})"
+    if missing:
+        done = len(MIGRATIONS) - len(missing)
+        return f"it records {done} of {len(MIGRATIONS)} migrations (the next is {missing[0]})"
+    if views_digest(frozenset(recorded)) != VIEWS_RECORD.removeprefix(VIEWS_RECORD_PREFIX):
+        return "its views are another version's"
+    return None
 
 
 def _refuse_foreign_store(con: duckdb.DuckDBPyConnection, target: Path, *, read_only: bool) -> None:
@@ -129,7 +141,7 @@ def _refuse_foreign_store(con: duckdb.DuckDBPyConnection, target: Path, *, read_
     if unmigrated is not None:
         raise StoreError(
             f"{target} is not migrated: {unmigrated}; a reader does not migrate, so run `treellm ingest` on it "
-            "(a writer applies the pending migrations first), then read it again",
+            "(a writer applies the pending migrations and recreates the views first), then read it again",
             path=str(target),
         )
 
@@ -141,23 +153,37 @@ def _is_lock_conflict(exc: Exception) -> bool:
 
 
 def apply_migrations(con: duckdb.DuckDBPyConnection) -> list[str]:
-    """Apply the migrations not yet recorded, each in its own transaction; returns their names."""
+    """Apply the migrations not yet recorded, each in its own transaction, and recreate the views
+    from :data:`~treellm.store.schema.VIEWS` unless the store records them (in the last
+    migration's transaction, else in one of their own); returns the migrations' names."""
     con.execute(MIGRATIONS_TABLE_SQL)
     done = {row[0] for row in con.execute(f"SELECT name FROM {MIGRATIONS_TABLE}").fetchall()}
-    applied = []
-    for name, sql in MIGRATIONS:
-        if name in done:
-            continue
-        con.execute("BEGIN TRANSACTION")
-        try:
+    pending = [(name, sql) for name, sql in MIGRATIONS if name not in done]
+    views_due = VIEWS_RECORD not in done
+    for index, (name, sql) in enumerate(pending):
+        last = index == len(pending) - 1
+        _transaction(con, f"migration {name}", sql, name, views=last and views_due)
+    if not pending and views_due:
+        _transaction(con, "recreating the views", "", None, views=True)
+    return [name for name, _ in pending]
+
+
+def _transaction(con: duckdb.DuckDBPyConnection, what: str, sql: str, name: str | None, *, views: bool) -> None:
+    """``sql``, the migration ``name`` recorded, and the views recreated when ``views``: one transaction."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        if sql.strip():
             con.execute(sql)
+        if name is not None:
             con.execute(f"INSERT INTO {MIGRATIONS_TABLE} VALUES (?, ?)", [name, dt.datetime.now(dt.UTC)])
-            con.execute("COMMIT")
-        except duckdb.Error as exc:
-            con.execute("ROLLBACK")
-            raise StoreError(f"migration {name} failed: {exc}") from exc
-        applied.append(name)
-    return applied
+        if views:
+            con.execute(VIEWS)
+            con.execute(f"DELETE FROM {MIGRATIONS_TABLE} WHERE starts_with(name, ?)", [VIEWS_RECORD_PREFIX])
+            con.execute(f"INSERT INTO {MIGRATIONS_TABLE} VALUES (?, ?)", [VIEWS_RECORD, dt.datetime.now(dt.UTC)])
+        con.execute("COMMIT")
+    except duckdb.Error as exc:
+        con.execute("ROLLBACK")
+        raise StoreError(f"{what} failed: {exc}") from exc
 
 
 def open_store(

@@ -12,18 +12,35 @@ Views (``docs/architecture.md`` definitions): ``runs``, ``nodes``, ``tool_calls`
 ``loop_events``. Spans from other agents (GenAI semantic conventions, OpenInference)
 are mapped into the same promoted columns at ingest, so the views treat them alike.
 
-Hard rule: never edit an applied migration; add a new one. The applied ones are recorded
-in :data:`MIGRATIONS_TABLE`, whose shape and first recorded name are how ``open_store``
-knows a file for a treellm store (it refuses any other DuckDB file instead of migrating it).
+Hard rule: never change what an applied migration does to the tables; add a new one. The
+applied ones are recorded in :data:`MIGRATIONS_TABLE`, whose shape and first recorded name are
+how ``open_store`` knows a file for a treellm store (it refuses any other DuckDB file instead of
+migrating it).
+
+The views are not migrations: they are written once, in :data:`VIEWS`, as they stand. A writer
+recreates them from it, in the transaction of the last migration it applies or in one of their
+own, whenever the store does not record their digest (:data:`VIEWS_RECORD`, a row of the
+migrations table); a reader refuses a store that records another digest (a writer recreates
+them). So a column added to a view is a change in one place.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Final
 
 from treellm.store.metric_points import METRIC_POINTS_SQL
 
-__all__ = ["MIGRATIONS", "MIGRATIONS_TABLE", "MIGRATIONS_TABLE_COLUMNS", "MIGRATIONS_TABLE_SQL", "SPAN_COLUMNS"]
+__all__ = [
+    "MIGRATIONS",
+    "MIGRATIONS_TABLE",
+    "MIGRATIONS_TABLE_COLUMNS",
+    "MIGRATIONS_TABLE_SQL",
+    "SPAN_COLUMNS",
+    "VIEWS",
+    "VIEWS_RECORD",
+    "views_digest",
+]
 
 SPAN_COLUMNS: Final = (
     "trace_id",
@@ -151,8 +168,8 @@ CREATE TABLE ingested_files (
 # spans; ``tool_calls`` the executed calls in path order; ``loop_events`` the caught
 # calls; ``runs`` one row per run (treellm's root invoke_agent span, or for other
 # frameworks the outermost agent span, else the trace root: ``run_id`` says which).
-_VIEWS = """
-CREATE VIEW nodes AS
+VIEWS: Final = """
+CREATE OR REPLACE VIEW nodes AS
 SELECT
     s.run_id, s.trace_id, s.span_id, s.parent_span_id,
     coalesce(s.node_id, s.span_id) AS node_id,
@@ -166,21 +183,25 @@ SELECT
 FROM spans s
 WHERE s.node_kind IS NOT NULL OR s.operation IN ('execute_tool', 'chat');
 
-CREATE VIEW tool_calls AS
+CREATE OR REPLACE VIEW tool_calls AS
 SELECT
     s.run_id, s.trace_id, s.span_id, coalesce(s.node_id, s.span_id) AS node_id, s.node_parent_id AS parent_id,
     s.node_depth AS depth, s.tool_name AS tool, s.tool_call_id AS call_id, s.signature, s.ordinal,
     s.limit_n AS "limit", s.limit_source, s.result_hash, s.attempts, coalesce(s.shadow_caught, false) AS shadow_caught,
     CASE WHEN s.status_code = 2 OR s.node_status = 'failed' THEN 'failed' ELSE 'completed' END AS status,
     s.arguments, s.result, s.start_ns, s.end_ns, (s.end_ns - s.start_ns) AS duration_ns,
-    s.service_name, s.agent_name, s.model, s.skill_stack, s.day, s.source,
+    s.service_name, s.agent_name, s.model, s.skill_stack, s.day, s.source, s.earlier_node_ids,
+    coalesce(s.internal, false) AS internal, s.convention, s.orphan_parent IS NOT NULL AS orphan,
     row_number() OVER (PARTITION BY s.run_id ORDER BY s.start_ns, s.span_id) AS path_position
 FROM spans s
 WHERE s.tool_name IS NOT NULL AND (s.operation = 'execute_tool' OR s.node_kind = 'tool');
 
-CREATE VIEW loop_events AS
+CREATE OR REPLACE VIEW loop_events AS
 SELECT
-    s.run_id, e.trace_id, e.span_id, coalesce(e.attributes['treellm.node.id'], s.node_id) AS node_id, e.time_ns,
+    s.run_id, e.trace_id, e.span_id,
+    coalesce(e.attributes['treellm.node.id'], s.node_id,
+             CASE WHEN s.node_kind IS NOT NULL THEN s.span_id END, s.anchor_node_id) AS node_id,
+    e.time_ns,
     e.attributes['treellm.loop.tool'] AS tool,
     e.attributes['treellm.loop.signature'] AS signature,
     e.attributes['treellm.loop.call_id'] AS call_id,
@@ -196,80 +217,6 @@ SELECT
 FROM span_events e
 JOIN spans s USING (trace_id, span_id)
 WHERE e.name = 'loop:detected';
-
-CREATE VIEW runs AS
-WITH run_spans AS (
-    SELECT * FROM spans
-    WHERE run_id IS NOT NULL AND skill_name IS NULL
-      AND (span_id = split_part(run_id, ':', 2) OR (operation = 'invoke_agent' AND node_id IS NULL))
-),
-node_counts AS (
-    SELECT run_id,
-        count(*) FILTER (WHERE kind = 'think') AS think_nodes,
-        count(*) FILTER (WHERE kind = 'tool') AS tool_nodes,
-        count(*) FILTER (WHERE kind = 'collapse') AS collapse_nodes,
-        max(depth) AS max_depth,
-        any_value(model) FILTER (WHERE model IS NOT NULL) AS node_model
-    FROM nodes GROUP BY run_id
-),
-prunes AS (
-    SELECT run_id,
-        count(*) FILTER (WHERE NOT shadow) AS pruned_calls,
-        count(*) FILTER (WHERE shadow) AS shadow_catches
-    FROM loop_events GROUP BY run_id
-)
-SELECT
-    r.run_id, r.trace_id, r.span_id, coalesce(r.agent_name, r.name) AS agent, r.service_name AS service,
-    coalesce(r.model, c.node_model) AS model,
-    r.start_ns, r.end_ns, (r.end_ns - r.start_ns) AS duration_ns, r.day,
-    coalesce(c.think_nodes, 0) AS think_nodes, coalesce(c.tool_nodes, 0) AS tool_nodes,
-    coalesce(c.collapse_nodes, 0) AS collapse_nodes,
-    coalesce(c.think_nodes, 0) + coalesce(c.tool_nodes, 0) + coalesce(c.collapse_nodes, 0) AS nodes,
-    coalesce(c.max_depth, 0) AS max_depth,
-    coalesce(p.pruned_calls, 0) AS pruned_calls, coalesce(p.shadow_catches, 0) AS shadow_catches,
-    coalesce(r.outcome, CASE WHEN r.status_code = 2 THEN 'failed' ELSE 'completed' END) AS outcome,
-    coalesce(r.attributes['treellm.run.guard'] = 'true', false) AS guard,
-    r.source
-FROM run_spans r
-LEFT JOIN node_counts c USING (run_id)
-LEFT JOIN prunes p USING (run_id);
-"""
-
-# 0003: the earlier identical calls each executed repeat counted (a JSON list of node ids),
-# so repeat outcomes compare a call with exactly the calls on its own path.
-_EARLIER_CALLS = """
-ALTER TABLE spans ADD COLUMN earlier_node_ids VARCHAR;
-CREATE OR REPLACE VIEW tool_calls AS
-SELECT
-    s.run_id, s.trace_id, s.span_id, coalesce(s.node_id, s.span_id) AS node_id, s.node_parent_id AS parent_id,
-    s.node_depth AS depth, s.tool_name AS tool, s.tool_call_id AS call_id, s.signature, s.ordinal,
-    s.limit_n AS "limit", s.limit_source, s.result_hash, s.attempts, coalesce(s.shadow_caught, false) AS shadow_caught,
-    CASE WHEN s.status_code = 2 OR s.node_status = 'failed' THEN 'failed' ELSE 'completed' END AS status,
-    s.arguments, s.result, s.start_ns, s.end_ns, (s.end_ns - s.start_ns) AS duration_ns,
-    s.service_name, s.agent_name, s.model, s.skill_stack, s.day, s.source, s.earlier_node_ids,
-    row_number() OVER (PARTITION BY s.run_id ORDER BY s.start_ns, s.span_id) AS path_position
-FROM spans s
-WHERE s.tool_name IS NOT NULL AND (s.operation = 'execute_tool' OR s.node_kind = 'tool');
-"""
-
-# 0004: spans of other frameworks read through their conventions (``convention`` names the
-# family), framework-internal tools marked (``internal``), and runs that are the outermost
-# agent span only: nested agent spans of other frameworks are not runs.
-_FOREIGN_TREES = """
-ALTER TABLE spans ADD COLUMN convention VARCHAR;
-ALTER TABLE spans ADD COLUMN internal BOOLEAN;
-CREATE OR REPLACE VIEW tool_calls AS
-SELECT
-    s.run_id, s.trace_id, s.span_id, coalesce(s.node_id, s.span_id) AS node_id, s.node_parent_id AS parent_id,
-    s.node_depth AS depth, s.tool_name AS tool, s.tool_call_id AS call_id, s.signature, s.ordinal,
-    s.limit_n AS "limit", s.limit_source, s.result_hash, s.attempts, coalesce(s.shadow_caught, false) AS shadow_caught,
-    CASE WHEN s.status_code = 2 OR s.node_status = 'failed' THEN 'failed' ELSE 'completed' END AS status,
-    s.arguments, s.result, s.start_ns, s.end_ns, (s.end_ns - s.start_ns) AS duration_ns,
-    s.service_name, s.agent_name, s.model, s.skill_stack, s.day, s.source, s.earlier_node_ids,
-    coalesce(s.internal, false) AS internal, s.convention, s.orphan_parent IS NOT NULL AS orphan,
-    row_number() OVER (PARTITION BY s.run_id ORDER BY s.start_ns, s.span_id) AS path_position
-FROM spans s
-WHERE s.tool_name IS NOT NULL AND (s.operation = 'execute_tool' OR s.node_kind = 'tool');
 
 CREATE OR REPLACE VIEW runs AS
 WITH run_spans AS (
@@ -310,32 +257,39 @@ LEFT JOIN node_counts c USING (run_id)
 LEFT JOIN prunes p USING (run_id);
 """
 
+VIEWS_RECORD_PREFIX: Final = "views "
+VIEWS_RECORD: Final = VIEWS_RECORD_PREFIX + hashlib.sha256(VIEWS.encode()).hexdigest()[:16]
+"""The row of the migrations table that says the store's views are :data:`VIEWS`."""
+_VIEWS_BEFORE_RECORDS: Final = "64c098dd5a94d7d2"
+"""The digest of the views that the migrations up to 0008 created, when each migration still wrote
+its own: a store written before the views were recorded holds those."""
+
+
+def views_digest(recorded: set[str] | frozenset[str]) -> str:
+    """The digest of the views a store holds, from the names its migrations table records."""
+    found = sorted(name for name in recorded if name.startswith(VIEWS_RECORD_PREFIX))
+    return found[-1].removeprefix(VIEWS_RECORD_PREFIX) if found else _VIEWS_BEFORE_RECORDS
+
+
+# 0003: the earlier identical calls each executed repeat counted (a JSON list of node ids),
+# so repeat outcomes compare a call with exactly the calls on its own path (``tool_calls`` shows it).
+_EARLIER_CALLS = """
+ALTER TABLE spans ADD COLUMN earlier_node_ids VARCHAR;
+"""
+
+# 0004: spans of other frameworks read through their conventions (``convention`` names the
+# family), framework-internal tools marked (``internal``), and runs that are the outermost
+# agent span only: nested agent spans of other frameworks are not runs.
+_FOREIGN_TREES = """
+ALTER TABLE spans ADD COLUMN convention VARCHAR;
+ALTER TABLE spans ADD COLUMN internal BOOLEAN;
+"""
+
 # 0006: a caught call of another framework (LoopGuard annotating an instrumentor's spans)
 # hangs, as a ghost node, from the node that asked for it: the span that carries the
 # event when it is a node, else the think node current on its path (``anchor_node_id``).
 _GUARD_ANCHORS = """
 ALTER TABLE spans ADD COLUMN anchor_node_id VARCHAR;
-CREATE OR REPLACE VIEW loop_events AS
-SELECT
-    s.run_id, e.trace_id, e.span_id,
-    coalesce(e.attributes['treellm.node.id'], s.node_id,
-             CASE WHEN s.node_kind IS NOT NULL THEN s.span_id END, s.anchor_node_id) AS node_id,
-    e.time_ns,
-    e.attributes['treellm.loop.tool'] AS tool,
-    e.attributes['treellm.loop.signature'] AS signature,
-    e.attributes['treellm.loop.call_id'] AS call_id,
-    TRY_CAST(e.attributes['treellm.loop.count'] AS INTEGER) AS count,
-    TRY_CAST(e.attributes['treellm.loop.limit'] AS INTEGER) AS "limit",
-    e.attributes['treellm.loop.limit_source'] AS limit_source,
-    e.attributes['treellm.loop.action'] AS action,
-    coalesce(TRY_CAST(e.attributes['treellm.loop.shadow'] AS BOOLEAN), false) AS shadow,
-    e.attributes['treellm.loop.arguments'] AS arguments,
-    e.attributes['treellm.loop.earlier_node_ids'] AS earlier_node_ids_raw,
-    e.attributes['treellm.loop.earlier_span_ids'] AS earlier_span_ids_raw,
-    s.service_name, s.agent_name, s.model, s.day, s.skill_stack
-FROM span_events e
-JOIN spans s USING (trace_id, span_id)
-WHERE e.name = 'loop:detected';
 """
 
 # 0007: the stored key of each call of another framework (``derive/foreign.py``): the SHA-256 hex
@@ -369,7 +323,7 @@ MIGRATIONS_TABLE_SQL: Final = (
 
 MIGRATIONS: Final[tuple[tuple[str, str], ...]] = (
     ("0001_raw_tables", _RAW_TABLES),
-    ("0002_views", _VIEWS),
+    ("0002_views", ""),  # the views are VIEWS, recreated after the migrations
     ("0003_earlier_calls", _EARLIER_CALLS),
     ("0004_foreign_trees", _FOREIGN_TREES),
     ("0005_metric_points", METRIC_POINTS_SQL),
