@@ -199,10 +199,14 @@ class _Worker:
         try:
             self.sock.close()
         finally:
+            self.reap()
+
+    def reap(self) -> None:
+        """Wait for the process to exit (it does once its socket is shut), killed when it does not."""
+        self.process.join(_JOIN_S)
+        if self.process.is_alive():
+            self.process.kill()
             self.process.join(_JOIN_S)
-            if self.process.is_alive():
-                self.process.kill()
-                self.process.join(_JOIN_S)
 
 
 def _start_worker() -> _Worker:
@@ -411,6 +415,9 @@ class DecodePool:
             _settle(read, passed)
             with self._lock:
                 worker.queued -= 1
+                last = worker.broken and not worker.queued
+            if last:
+                worker.sock.close()
         result: Decoded | _Failure = pickle.loads(answer)
         return result
 
@@ -425,14 +432,18 @@ class DecodePool:
                          "and a new process started for the next", worker.pid)  # fmt: skip
 
     def _retire(self, worker: _Worker) -> bool:
-        """Take ``worker`` out of the pool and end it on a thread; False when it already was."""
+        """Take ``worker`` out of the pool: its socket shut at once (the requests still on it read
+        the end and go to a thread; the last of them closes it, on the loop that waits on it), its
+        process reaped on a thread. False when it already was."""
         with self._lock:
             if worker.broken:
                 return False
             worker.broken = True
             if worker in self._live:
                 self._live.remove(worker)
-        threading.Thread(target=worker.end, name="treellm-decode-end", daemon=True).start()
+        with contextlib.suppress(OSError):
+            worker.sock.shutdown(socket.SHUT_RDWR)
+        threading.Thread(target=worker.reap, name="treellm-decode-end", daemon=True).start()
         return True
 
     def close(self) -> None:
