@@ -270,3 +270,30 @@ def test_a_password_in_the_url_never_reaches_a_message() -> None:
     with pytest.raises(ConfigError) as caught:
         open_clickhouse("ftp://treellm:s3cret@ch.internal")
     assert "s3cret" not in str(caught.value)
+
+
+def test_a_column_added_to_a_view_in_one_place_reaches_both_dialects(
+    samples: tuple[Any, ClickHouseConnection], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+
+    from treellm.store import views
+
+    added = views.Column("shouted", "upper(s.tool_name) || '!'")  # the one change: a Column of tool_calls
+    plus = dataclasses.replace(views.TOOL_CALLS, columns=(*views.TOOL_CALLS.columns, added))
+    monkeypatch.setattr(views, "VIEWS", tuple(plus if v.name == "tool_calls" else v for v in views.VIEWS))
+    duck, ch = samples
+    ddl = views.duckdb_views(temporary=True)  # every view of DuckDB's DDL, generated from the model
+    assert ddl.count("AS shouted") == 1
+    duck.execute(f"CREATE OR REPLACE TEMP VIEW tool_calls_plus AS {plus.query('duckdb', '')}")
+    ch.command(
+        f"CREATE OR REPLACE VIEW {ch.database}.tool_calls_plus AS {views.clickhouse_query('tool_calls', ch.database)}"
+    )
+    try:
+        select = "SELECT trace_id, span_id, shouted FROM tool_calls_plus ORDER BY trace_id, span_id"
+        in_duckdb = normalised(duck.execute(select).df())
+        assert in_duckdb == normalised(ch.df(select))
+        assert len(in_duckdb[1]) > 10 and all(shouted.endswith("!") for _, _, shouted in in_duckdb[1])
+    finally:
+        ch.command(f"DROP VIEW IF EXISTS {ch.database}.tool_calls_plus")
+        duck.execute("DROP VIEW IF EXISTS tool_calls_plus")

@@ -303,7 +303,7 @@ def test_migrations_are_named_ordered_and_recorded_once(tmp_path: Path) -> None:
 
 
 def _with_views(monkeypatch: pytest.MonkeyPatch, views: str) -> str:
-    """This process's treellm with ``views`` as its view model; returns its record."""
+    """This process's treellm with ``views`` as its views' DDL; returns their record."""
     import hashlib
 
     from treellm.store import connection
@@ -311,38 +311,52 @@ def _with_views(monkeypatch: pytest.MonkeyPatch, views: str) -> str:
     record = "views " + hashlib.sha256(views.encode()).hexdigest()[:16]
     monkeypatch.setattr(connection, "VIEWS", views)
     monkeypatch.setattr(connection, "VIEWS_RECORD", record)
+    monkeypatch.setattr(
+        connection, "TEMPORARY_VIEWS", views.replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW")
+    )
     return record
 
 
-def test_a_column_added_to_a_view_is_one_change_that_a_writer_applies_and_a_reader_waits_for(
+def _columns(con: Any, view: str) -> list[str]:
+    return [c[0] for c in con.execute(f"SELECT * FROM {view} LIMIT 0").description]
+
+
+def test_views_of_another_version_are_recreated_by_a_writer_and_read_as_this_ones_by_a_reader(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, demo_jsonl: tuple[Path, RunResult]
 ) -> None:
-    from treellm.errors import StoreError
-    from treellm.store.schema import VIEWS
+    from treellm.store.schema import VIEWS, VIEWS_RECORD
 
     db = tmp_path / "t.duckdb"
     assert ingest(db, [demo_jsonl[0]]).runs == 1
     con = open_store(db, read_only=True)
     calls = rows(con, "SELECT count(*) FROM tool_calls")
     con.close()
-    changed = VIEWS.replace("s.earlier_node_ids,\n", "s.earlier_node_ids, s.tool_name || '!' AS shouted,\n", 1)
-    assert changed != VIEWS  # the one place: the view model
+    changed = VIEWS.replace(
+        "s.earlier_node_ids AS earlier_node_ids,",
+        "s.earlier_node_ids AS earlier_node_ids, s.tool_name || '!' AS shouted,",
+        1,
+    )
+    assert changed != VIEWS
     record = _with_views(monkeypatch, changed)
-    with pytest.raises(StoreError, match=r"its views are another version's.*treellm ingest"):
-        open_store(db, read_only=True)  # a reader never recreates them, and never reads the old ones as new
-    open_store(db).close()  # a writer recreates them, with no migration of its own
-    con = open_store(db, read_only=True)
+    con = open_store(db, read_only=True)  # a reader never writes: it reads this version's views as its own
     try:
         assert rows(con, "SELECT count(*) FROM tool_calls") == calls
         assert rows(con, "SELECT DISTINCT shouted FROM tool_calls ORDER BY 1")[0][0].endswith("!")
+        assert rows(con, "SELECT name FROM schema_migrations WHERE name LIKE 'views %'") == [(VIEWS_RECORD,)]
+    finally:
+        con.close()
+    open_store(db).close()  # a writer recreates them in the store, with no migration of its own
+    monkeypatch.undo()
+    con = duckdb.connect(str(db), read_only=True)  # the file itself, no treellm in between
+    try:
+        assert "shouted" in _columns(con, "tool_calls")
         assert rows(con, "SELECT name FROM schema_migrations WHERE name LIKE 'views %'") == [(record,)]
     finally:
         con.close()
-    monkeypatch.undo()  # this treellm again: the writer puts its views back
-    open_store(db).close()
+    open_store(db).close()  # this version's writer puts its views back
     con = open_store(db, read_only=True)
     try:
-        assert "shouted" not in [c[0] for c in con.execute("SELECT * FROM tool_calls LIMIT 0").description]
+        assert "shouted" not in _columns(con, "tool_calls")
     finally:
         con.close()
 
@@ -353,15 +367,17 @@ def test_a_store_written_before_the_views_were_recorded_reads_as_it_is(tmp_path:
     con = duckdb.connect(str(db))
     con.execute("DELETE FROM schema_migrations WHERE name LIKE 'views %'")  # as the migrations up to 0008 left it
     con.close()
-    con = open_store(db, read_only=True)  # its views are those the migrations wrote, the same as today's
+    con = open_store(db, read_only=True)  # the views the migrations wrote are older: this version's are read
     assert rows(con, "SELECT count(*) FROM runs") == [(0,)]
     con.close()
     from treellm.store.connection import unmigrated_reason
-    from treellm.store.schema import MIGRATIONS
+    from treellm.store.schema import MIGRATIONS, VIEWS_RECORD
 
-    names = [name for name, _ in MIGRATIONS]
-    assert unmigrated_reason(names) is None
-    assert unmigrated_reason([*names, "views 0000000000000000"]) == "its views are another version's"
+    assert unmigrated_reason([name for name, _ in MIGRATIONS]) is None
+    open_store(db).close()  # a writer records them
+    con = open_store(db, read_only=True)
+    assert rows(con, "SELECT name FROM schema_migrations WHERE name LIKE 'views %'") == [(VIEWS_RECORD,)]
+    con.close()
 
 
 def test_a_large_file_is_staged_in_chunks_within_one_transaction(

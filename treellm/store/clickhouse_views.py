@@ -2,7 +2,8 @@
 
 The views are the contract: ``spans`` (the DuckDB store's ``spans`` table, its columns read from
 DuckDB itself), ``nodes``, ``tool_calls``, ``loop_events`` and ``runs`` have the columns of the
-DuckDB views (``schema.py``). Nothing is derived here. ``treellm derive``
+DuckDB views, generated from the same definition (:mod:`treellm.store.views`). Nothing is
+derived here. ``treellm derive``
 (:mod:`treellm.store.clickhouse_derive`) reads the spans that arrived in ``otel_traces``, derives
 them with the one pipeline that DuckDB ingest runs (the validator, the conventions, runs and
 trees, signatures and ordinals with the state-change rule, the redaction of other frameworks'
@@ -30,6 +31,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from treellm.errors import ConfigError
+from treellm.store.views import clickhouse_query
 
 __all__ = [
     "DEFAULT_TABLE", "DERIVED_SPANS", "DERIVED_TRACES", "EVENT_COLUMNS", "OTEL_TRACES_DDL", "SCHEMA_VERSION",
@@ -38,7 +40,7 @@ __all__ = [
 ]  # fmt: skip
 
 DEFAULT_TABLE: Final = "otel_traces"
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 """The version of the SQL below, in each object's comment: bump it when the SQL changes."""
 DERIVED_SPANS: Final = "treellm_spans"
 DERIVED_TRACES: Final = "treellm_traces"
@@ -169,97 +171,6 @@ FROM {database}.{DERIVED_SPANS} FINAL
 """
 
 
-_NODES = """
-SELECT
-    s.run_id, s.trace_id, s.span_id, s.parent_span_id,
-    coalesce(s.node_id, s.span_id) AS node_id,
-    coalesce(s.node_kind, multiIf(s.operation = 'execute_tool', 'tool', s.operation = 'chat', 'think', NULL)) AS kind,
-    s.node_depth AS depth, s.node_parent_id AS parent_id,
-    coalesce(s.node_status, if(s.status_code = 2, 'failed', 'completed')) AS status,
-    s.tool_name AS tool, s.signature, s.ordinal, s.limit_n AS `limit`, s.limit_source, s.result_hash,
-    s.attempts, s.shadow_caught, s.skill_stack, s.start_ns, s.end_ns,
-    s.service_name, s.agent_name, s.model, s.day, s.source
-FROM {db}.spans s
-WHERE s.node_kind IS NOT NULL OR s.operation IN ('execute_tool', 'chat')
-"""
-
-_TOOL_CALLS = """
-SELECT
-    s.run_id, s.trace_id, s.span_id, coalesce(s.node_id, s.span_id) AS node_id, s.node_parent_id AS parent_id,
-    s.node_depth AS depth, s.tool_name AS tool, s.tool_call_id AS call_id, s.signature, s.ordinal,
-    s.limit_n AS `limit`, s.limit_source, s.result_hash, s.attempts, coalesce(s.shadow_caught, false) AS shadow_caught,
-    if(s.status_code = 2 OR s.node_status = 'failed', 'failed', 'completed') AS status,
-    s.arguments, s.result, s.start_ns, s.end_ns, (s.end_ns - s.start_ns) AS duration_ns,
-    s.service_name, s.agent_name, s.model, s.skill_stack, s.day, s.source, s.earlier_node_ids,
-    coalesce(s.internal, false) AS internal, s.convention, s.orphan_parent IS NOT NULL AS orphan,
-    row_number() OVER (PARTITION BY s.run_id ORDER BY s.start_ns, s.span_id) AS path_position
-FROM {db}.spans s
-WHERE s.tool_name IS NOT NULL AND (s.operation = 'execute_tool' OR s.node_kind = 'tool')
-"""
-
-# The events are arrays on the span row (Nested): one pass, no join back to the span.
-_LOOP_EVENTS = """
-SELECT
-    s.run_id, s.trace_id, s.span_id,
-    coalesce(if(mapContains(ea, 'treellm.node.id'), ea['treellm.node.id'], NULL), s.node_id,
-             if(s.node_kind IS NOT NULL, s.span_id, NULL), s.anchor_node_id) AS node_id,
-    toInt64(toUnixTimestamp64Nano(et)) AS time_ns,
-    if(mapContains(ea, 'treellm.loop.tool'), ea['treellm.loop.tool'], NULL) AS tool,
-    if(mapContains(ea, 'treellm.loop.signature'), ea['treellm.loop.signature'], NULL) AS signature,
-    if(mapContains(ea, 'treellm.loop.call_id'), ea['treellm.loop.call_id'], NULL) AS call_id,
-    toInt32OrNull(ea['treellm.loop.count']) AS count,
-    toInt32OrNull(ea['treellm.loop.limit']) AS `limit`,
-    if(mapContains(ea, 'treellm.loop.limit_source'), ea['treellm.loop.limit_source'], NULL) AS limit_source,
-    if(mapContains(ea, 'treellm.loop.action'), ea['treellm.loop.action'], NULL) AS action,
-    ea['treellm.loop.shadow'] = 'true' AS shadow,
-    if(mapContains(ea, 'treellm.loop.arguments'), ea['treellm.loop.arguments'], NULL) AS arguments,
-    if(mapContains(ea, 'treellm.loop.earlier_node_ids'), ea['treellm.loop.earlier_node_ids'], NULL)
-        AS earlier_node_ids_raw,
-    if(mapContains(ea, 'treellm.loop.earlier_span_ids'), ea['treellm.loop.earlier_span_ids'], NULL)
-        AS earlier_span_ids_raw,
-    s.service_name, s.agent_name, s.model, s.day, s.skill_stack
-FROM {db}.spans s
-ARRAY JOIN s.event_names AS en, s.event_times AS et, s.event_attributes AS ea
-WHERE en = 'loop:detected'
-"""
-
-_RUNS = """
-WITH run_spans AS (
-    SELECT * FROM {db}.spans
-    WHERE run_id IS NOT NULL AND skill_name IS NULL
-      AND (span_id = splitByChar(':', assumeNotNull(run_id))[2]
-           OR (convention IS NULL AND operation = 'invoke_agent' AND node_id IS NULL))
-),
-node_counts AS (
-    SELECT run_id,
-        countIf(kind = 'think') AS think_nodes, countIf(kind = 'tool') AS tool_nodes,
-        countIf(kind = 'collapse') AS collapse_nodes, max(depth) AS max_depth,
-        any(model) AS node_model
-    FROM {db}.nodes GROUP BY run_id
-),
-prunes AS (
-    SELECT run_id, countIf(NOT shadow) AS pruned_calls, countIf(shadow) AS shadow_catches
-    FROM {db}.loop_events GROUP BY run_id
-)
-SELECT
-    r.run_id AS run_id, r.trace_id AS trace_id, r.span_id AS span_id, coalesce(r.agent_name, r.name) AS agent,
-    r.service_name AS service, coalesce(r.model, c.node_model) AS model,
-    r.start_ns, r.end_ns, (r.end_ns - r.start_ns) AS duration_ns, r.day,
-    coalesce(c.think_nodes, 0) AS think_nodes, coalesce(c.tool_nodes, 0) AS tool_nodes,
-    coalesce(c.collapse_nodes, 0) AS collapse_nodes,
-    coalesce(c.think_nodes, 0) + coalesce(c.tool_nodes, 0) + coalesce(c.collapse_nodes, 0) AS nodes,
-    coalesce(c.max_depth, 0) AS max_depth,
-    coalesce(p.pruned_calls, 0) AS pruned_calls, coalesce(p.shadow_catches, 0) AS shadow_catches,
-    coalesce(r.outcome, if(r.status_code = 2, 'failed', 'completed')) AS outcome,
-    coalesce(r.attributes['treellm.run.guard'] = 'true', false) AS guard,
-    r.source
-FROM run_spans r
-LEFT JOIN node_counts c USING (run_id)
-LEFT JOIN prunes p USING (run_id)
-SETTINGS join_use_nulls = 1
-"""
-
-
 def check_names(table: str, database: str) -> None:
     """Refuse a spans table or a views database that is no plain ClickHouse name, or that
     lies in a system database, or a spans table named like one of treellm's views in its
@@ -291,7 +202,7 @@ def view_queries(table: str, database: str, columns: Sequence[Column]) -> dict[s
     ``database`` over its derived tables (``columns``: the store's ``spans`` columns), every name
     qualified; ``table`` (the spans table they were derived from) is checked, not read."""
     check_names(table, database)
-    derived = (body.format(db=database) for body in (_NODES, _TOOL_CALLS, _LOOP_EVENTS, _RUNS))
+    derived = (clickhouse_query(name, database) for name in VIEW_NAMES[1:])
     return dict(zip(VIEW_NAMES, (_spans(database, columns), *derived), strict=True))
 
 

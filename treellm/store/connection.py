@@ -24,6 +24,7 @@ import os
 import time
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
+from typing import Final
 
 import duckdb
 
@@ -39,6 +40,7 @@ from treellm.store.schema import (
     VIEWS_RECORD_PREFIX,
     views_digest,
 )
+from treellm.store.views import duckdb_views
 
 __all__ = [
     "DEFAULT_DB", "ENV_DB", "NotOwnedError", "apply_migrations", "default_db_path", "foreign_store_reason",
@@ -98,14 +100,13 @@ def unmigrated_reason(recorded: Collection[str]) -> str | None:
     if missing:
         done = len(MIGRATIONS) - len(missing)
         return f"it records {done} of {len(MIGRATIONS)} migrations (the next is {missing[0]})"
-    if views_digest(frozenset(recorded)) != VIEWS_RECORD.removeprefix(VIEWS_RECORD_PREFIX):
-        return "its views are another version's"
     return None
 
 
-def _refuse_foreign_store(con: duckdb.DuckDBPyConnection, target: Path, *, read_only: bool) -> None:
+def _refuse_foreign_store(con: duckdb.DuckDBPyConnection, target: Path, *, read_only: bool) -> set[str]:
     """Raise :class:`NotOwnedError` unless ``con`` is a treellm store (or, for a writer, empty),
-    and, for a reader, :class:`StoreError` unless its migrations are all recorded."""
+    and, for a reader, :class:`StoreError` unless its migrations are all recorded; returns the
+    names its migrations table records."""
     objects = {
         (str(schema), str(name))
         for schema, name in con.execute(
@@ -141,15 +142,19 @@ def _refuse_foreign_store(con: duckdb.DuckDBPyConnection, target: Path, *, read_
     if unmigrated is not None:
         raise StoreError(
             f"{target} is not migrated: {unmigrated}; a reader does not migrate, so run `treellm ingest` on it "
-            "(a writer applies the pending migrations and recreates the views first), then read it again",
+            "(a writer applies the pending migrations first), then read it again",
             path=str(target),
         )
+    return recorded
 
 
 def _is_lock_conflict(exc: Exception) -> bool:
     """Another process holds the lock, or (in this process) a connection of the other mode is open."""
     text = str(exc)
     return "Could not set lock" in text or "Conflicting lock" in text or "different configuration" in text
+
+
+TEMPORARY_VIEWS: Final = duckdb_views(temporary=True)
 
 
 def apply_migrations(con: duckdb.DuckDBPyConnection) -> list[str]:
@@ -225,9 +230,11 @@ def open_store(
                 on_busy(attempt)
             time.sleep(min(backoff_s * 2 ** (attempt - 1), 1.0))
     try:
-        _refuse_foreign_store(con, target, read_only=read_only)
+        recorded = _refuse_foreign_store(con, target, read_only=read_only)
         if not read_only:
             apply_migrations(con)
+        elif views_digest(frozenset(recorded)) != VIEWS_RECORD.removeprefix(VIEWS_RECORD_PREFIX):
+            con.execute(TEMPORARY_VIEWS)  # another version's views: this one's, for this connection only
     except BaseException:
         con.close()
         raise

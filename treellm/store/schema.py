@@ -17,11 +17,12 @@ applied ones are recorded in :data:`MIGRATIONS_TABLE`, whose shape and first rec
 how ``open_store`` knows a file for a treellm store (it refuses any other DuckDB file instead of
 migrating it).
 
-The views are not migrations: they are written once, in :data:`VIEWS`, as they stand. A writer
-recreates them from it, in the transaction of the last migration it applies or in one of their
-own, whenever the store does not record their digest (:data:`VIEWS_RECORD`, a row of the
-migrations table); a reader refuses a store that records another digest (a writer recreates
-them). So a column added to a view is a change in one place.
+The views are not migrations: they are defined once (:mod:`treellm.store.views`, which
+ClickHouse's views are generated from too) and :data:`VIEWS` is their DDL. A writer recreates
+them, in the transaction of the last migration it applies or in one of their own, whenever the
+store does not record their digest (:data:`VIEWS_RECORD`, a row of the migrations table); a
+reader of a store that records another digest reads temporary views of this version instead
+(it never writes). So a column added to a view is a change in one place.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import hashlib
 from typing import Final
 
 from treellm.store.metric_points import METRIC_POINTS_SQL
+from treellm.store.views import duckdb_views
 
 __all__ = [
     "MIGRATIONS",
@@ -164,98 +166,8 @@ CREATE TABLE ingested_files (
 );
 """
 
-# The views. ``nodes`` covers treellm's node spans and other frameworks' tool and chat
-# spans; ``tool_calls`` the executed calls in path order; ``loop_events`` the caught
-# calls; ``runs`` one row per run (treellm's root invoke_agent span, or for other
-# frameworks the outermost agent span, else the trace root: ``run_id`` says which).
-VIEWS: Final = """
-CREATE OR REPLACE VIEW nodes AS
-SELECT
-    s.run_id, s.trace_id, s.span_id, s.parent_span_id,
-    coalesce(s.node_id, s.span_id) AS node_id,
-    coalesce(s.node_kind, CASE s.operation WHEN 'execute_tool' THEN 'tool' WHEN 'chat' THEN 'think' END) AS kind,
-    s.node_depth AS depth,
-    s.node_parent_id AS parent_id,
-    coalesce(s.node_status, CASE WHEN s.status_code = 2 THEN 'failed' ELSE 'completed' END) AS status,
-    s.tool_name AS tool, s.signature, s.ordinal, s.limit_n AS "limit", s.limit_source, s.result_hash,
-    s.attempts, s.shadow_caught, s.skill_stack, s.start_ns, s.end_ns,
-    s.service_name, s.agent_name, s.model, s.day, s.source
-FROM spans s
-WHERE s.node_kind IS NOT NULL OR s.operation IN ('execute_tool', 'chat');
-
-CREATE OR REPLACE VIEW tool_calls AS
-SELECT
-    s.run_id, s.trace_id, s.span_id, coalesce(s.node_id, s.span_id) AS node_id, s.node_parent_id AS parent_id,
-    s.node_depth AS depth, s.tool_name AS tool, s.tool_call_id AS call_id, s.signature, s.ordinal,
-    s.limit_n AS "limit", s.limit_source, s.result_hash, s.attempts, coalesce(s.shadow_caught, false) AS shadow_caught,
-    CASE WHEN s.status_code = 2 OR s.node_status = 'failed' THEN 'failed' ELSE 'completed' END AS status,
-    s.arguments, s.result, s.start_ns, s.end_ns, (s.end_ns - s.start_ns) AS duration_ns,
-    s.service_name, s.agent_name, s.model, s.skill_stack, s.day, s.source, s.earlier_node_ids,
-    coalesce(s.internal, false) AS internal, s.convention, s.orphan_parent IS NOT NULL AS orphan,
-    row_number() OVER (PARTITION BY s.run_id ORDER BY s.start_ns, s.span_id) AS path_position
-FROM spans s
-WHERE s.tool_name IS NOT NULL AND (s.operation = 'execute_tool' OR s.node_kind = 'tool');
-
-CREATE OR REPLACE VIEW loop_events AS
-SELECT
-    s.run_id, e.trace_id, e.span_id,
-    coalesce(e.attributes['treellm.node.id'], s.node_id,
-             CASE WHEN s.node_kind IS NOT NULL THEN s.span_id END, s.anchor_node_id) AS node_id,
-    e.time_ns,
-    e.attributes['treellm.loop.tool'] AS tool,
-    e.attributes['treellm.loop.signature'] AS signature,
-    e.attributes['treellm.loop.call_id'] AS call_id,
-    TRY_CAST(e.attributes['treellm.loop.count'] AS INTEGER) AS count,
-    TRY_CAST(e.attributes['treellm.loop.limit'] AS INTEGER) AS "limit",
-    e.attributes['treellm.loop.limit_source'] AS limit_source,
-    e.attributes['treellm.loop.action'] AS action,
-    coalesce(TRY_CAST(e.attributes['treellm.loop.shadow'] AS BOOLEAN), false) AS shadow,
-    e.attributes['treellm.loop.arguments'] AS arguments,
-    e.attributes['treellm.loop.earlier_node_ids'] AS earlier_node_ids_raw,
-    e.attributes['treellm.loop.earlier_span_ids'] AS earlier_span_ids_raw,
-    s.service_name, s.agent_name, s.model, s.day, s.skill_stack
-FROM span_events e
-JOIN spans s USING (trace_id, span_id)
-WHERE e.name = 'loop:detected';
-
-CREATE OR REPLACE VIEW runs AS
-WITH run_spans AS (
-    SELECT * FROM spans
-    WHERE run_id IS NOT NULL AND skill_name IS NULL
-      AND (span_id = split_part(run_id, ':', 2)
-           OR (convention IS NULL AND operation = 'invoke_agent' AND node_id IS NULL))
-),
-node_counts AS (
-    SELECT run_id,
-        count(*) FILTER (WHERE kind = 'think') AS think_nodes,
-        count(*) FILTER (WHERE kind = 'tool') AS tool_nodes,
-        count(*) FILTER (WHERE kind = 'collapse') AS collapse_nodes,
-        max(depth) AS max_depth,
-        any_value(model) FILTER (WHERE model IS NOT NULL) AS node_model
-    FROM nodes GROUP BY run_id
-),
-prunes AS (
-    SELECT run_id,
-        count(*) FILTER (WHERE NOT shadow) AS pruned_calls,
-        count(*) FILTER (WHERE shadow) AS shadow_catches
-    FROM loop_events GROUP BY run_id
-)
-SELECT
-    r.run_id, r.trace_id, r.span_id, coalesce(r.agent_name, r.name) AS agent, r.service_name AS service,
-    coalesce(r.model, c.node_model) AS model,
-    r.start_ns, r.end_ns, (r.end_ns - r.start_ns) AS duration_ns, r.day,
-    coalesce(c.think_nodes, 0) AS think_nodes, coalesce(c.tool_nodes, 0) AS tool_nodes,
-    coalesce(c.collapse_nodes, 0) AS collapse_nodes,
-    coalesce(c.think_nodes, 0) + coalesce(c.tool_nodes, 0) + coalesce(c.collapse_nodes, 0) AS nodes,
-    coalesce(c.max_depth, 0) AS max_depth,
-    coalesce(p.pruned_calls, 0) AS pruned_calls, coalesce(p.shadow_catches, 0) AS shadow_catches,
-    coalesce(r.outcome, CASE WHEN r.status_code = 2 THEN 'failed' ELSE 'completed' END) AS outcome,
-    coalesce(r.attributes['treellm.run.guard'] = 'true', false) AS guard,
-    r.source
-FROM run_spans r
-LEFT JOIN node_counts c USING (run_id)
-LEFT JOIN prunes p USING (run_id);
-"""
+VIEWS: Final = duckdb_views()
+"""The DDL of the views, generated from their one definition (:mod:`treellm.store.views`)."""
 
 VIEWS_RECORD_PREFIX: Final = "views "
 VIEWS_RECORD: Final = VIEWS_RECORD_PREFIX + hashlib.sha256(VIEWS.encode()).hexdigest()[:16]
