@@ -295,13 +295,9 @@ class DecodePool:
         """A new worker, or None (said, and the pool moved to threads when none ever started)."""
         try:
             return self._start()
-        except (_WorkerDied, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001 -- whatever stops a process from starting: decode on a thread
             self._cannot_start(exc)
             return None
-        except BaseException:
-            with self._lock:
-                self._starting -= 1
-            raise
 
     def _add(self, worker: _Worker | None) -> _Worker | None:
         """A start ended: keep ``worker`` (None: it failed); the requests waiting look again."""
