@@ -93,9 +93,9 @@ def foreign_store_reason(
 
 def unmigrated_reason(recorded: Collection[str]) -> str | None:
     """Why a treellm store that records the migrations ``recorded`` cannot be read as it is,
-    or ``None`` when every migration is recorded and its views are this treellm's (pure). A
-    reader never migrates, so a store whose migrations were interrupted (or that an older
-    treellm wrote) needs a writer first."""
+    or ``None`` when every migration is recorded (pure). A reader never migrates, so a store
+    whose migrations were interrupted (or that an older treellm wrote) needs a writer first;
+    views of another version are no reason: a reader reads its own as temporary views."""
     missing = [name for name, _ in MIGRATIONS if name not in recorded]
     if missing:
         done = len(MIGRATIONS) - len(missing)
