@@ -304,11 +304,10 @@ def test_migrations_are_named_ordered_and_recorded_once(tmp_path: Path) -> None:
 
 def _with_views(monkeypatch: pytest.MonkeyPatch, views: str) -> str:
     """This process's treellm with ``views`` as its views' DDL; returns their record."""
-    import hashlib
-
     from treellm.store import connection
+    from treellm.store.schema import views_record
 
-    record = "views " + hashlib.sha256(views.encode()).hexdigest()[:16]
+    record = views_record(views)
     monkeypatch.setattr(connection, "VIEWS", views)
     monkeypatch.setattr(connection, "VIEWS_RECORD", record)
     monkeypatch.setattr(

@@ -360,11 +360,10 @@ class DecodePool:
         loop = asyncio.get_running_loop()
         while True:
             with self._lock:
-                live = [w for w in self._live if not w.broken]
-                least = min(live, key=lambda w: w.queued, default=None)
+                least = min(self._live, key=lambda w: w.queued, default=None)  # a retired worker has left it
                 if not self.workers or self._closed:
                     return None
-                if len(live) + self._starting < self.workers and (least is None or least.queued):
+                if len(self._live) + self._starting < self.workers and (least is None or least.queued):
                     self._starting += 1
                     threading.Thread(target=self._start_one, name="treellm-decode-start", daemon=True).start()
                 if least is not None:

@@ -38,7 +38,7 @@ from treellm.store.schema import (
     VIEWS,
     VIEWS_RECORD,
     VIEWS_RECORD_PREFIX,
-    views_digest,
+    recorded_views,
 )
 from treellm.store.views import duckdb_views
 
@@ -233,7 +233,7 @@ def open_store(
         recorded = _refuse_foreign_store(con, target, read_only=read_only)
         if not read_only:
             apply_migrations(con)
-        elif views_digest(frozenset(recorded)) != VIEWS_RECORD.removeprefix(VIEWS_RECORD_PREFIX):
+        elif recorded_views(recorded) != VIEWS_RECORD:
             con.execute(TEMPORARY_VIEWS)  # another version's views: this one's, for this connection only
     except BaseException:
         con.close()

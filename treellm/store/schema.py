@@ -28,6 +28,7 @@ reader of a store that records another digest reads temporary views of this vers
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Collection
 from typing import Final
 
 from treellm.store.metric_points import METRIC_POINTS_SQL
@@ -41,7 +42,8 @@ __all__ = [
     "SPAN_COLUMNS",
     "VIEWS",
     "VIEWS_RECORD",
-    "views_digest",
+    "recorded_views",
+    "views_record",
 ]
 
 SPAN_COLUMNS: Final = (
@@ -170,17 +172,24 @@ VIEWS: Final = duckdb_views()
 """The DDL of the views, generated from their one definition (:mod:`treellm.store.views`)."""
 
 VIEWS_RECORD_PREFIX: Final = "views "
-VIEWS_RECORD: Final = VIEWS_RECORD_PREFIX + hashlib.sha256(VIEWS.encode()).hexdigest()[:16]
+
+
+def views_record(ddl: str) -> str:
+    """The row of the migrations table that says a store's views are ``ddl``: ``views <digest>``."""
+    return VIEWS_RECORD_PREFIX + hashlib.sha256(ddl.encode()).hexdigest()[:16]
+
+
+VIEWS_RECORD: Final = views_record(VIEWS)
 """The row of the migrations table that says the store's views are :data:`VIEWS`."""
-_VIEWS_BEFORE_RECORDS: Final = "64c098dd5a94d7d2"
-"""The digest of the views that the migrations up to 0008 created, when each migration still wrote
+_VIEWS_BEFORE_RECORDS: Final = VIEWS_RECORD_PREFIX + "64c098dd5a94d7d2"
+"""The record of the views that the migrations up to 0008 created, when each migration still wrote
 its own: a store written before the views were recorded holds those."""
 
 
-def views_digest(recorded: set[str] | frozenset[str]) -> str:
-    """The digest of the views a store holds, from the names its migrations table records."""
+def recorded_views(recorded: Collection[str]) -> str:
+    """The record of the views a store holds, from the names its migrations table records."""
     found = sorted(name for name in recorded if name.startswith(VIEWS_RECORD_PREFIX))
-    return found[-1].removeprefix(VIEWS_RECORD_PREFIX) if found else _VIEWS_BEFORE_RECORDS
+    return found[-1] if found else _VIEWS_BEFORE_RECORDS
 
 
 # 0003: the earlier identical calls each executed repeat counted (a JSON list of node ids),
