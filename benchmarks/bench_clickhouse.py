@@ -2,6 +2,7 @@
 over the Collector exporter's ``otel_traces``), the same spans in each.
 
 Run: .venv/bin/python benchmarks/bench_clickhouse.py [--spans 1000000] [--keep /tmp/ba] [--repeats 3]
+     [--copies 10]
 
 The spans are ``bench_analysis.py``'s store (the same simulated file, replicated, with
 ``--keep`` shared with it). ClickHouse gets the same OTLP/JSON lines as rows written the way
@@ -10,6 +11,13 @@ chDB folder; then one ``treellm derive`` worker derives them into treellm's tabl
 (``treellm_spans``, ``treellm_traces``), timed: its throughput in spans/s per worker. Each
 function: the median of ``--repeats`` calls after one warm-up on each engine, and the ratio
 chDB / DuckDB measured in the same run. ``totals`` and ``report`` are checked equal on both.
+
+``--copies K`` then scales chDB alone: treellm's derived tables (every one the analysis reads)
+are copied K-1 more times inside ClickHouse, each copy's trace and run ids suffixed (``INSERT
+... SELECT``, into a database of its own), so they hold K times the spans, runs and calls; each
+function is timed again over them (no DuckDB beside it: the figures to hold are absolute, report
+<= 5 s at 10M spans). Deriving 10M spans through one worker would take K times the derive
+time above; the derive throughput per worker is the figure measured above.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from treellm import analysis  # noqa: E402
 from treellm.store import open_store  # noqa: E402
 from treellm.store.clickhouse import ClickHouseConnection, open_clickhouse  # noqa: E402
 from treellm.store.clickhouse_derive import run_derive, underived  # noqa: E402
+from treellm.store.clickhouse_views import DERIVED_SPANS, DERIVED_VIEWS  # noqa: E402
 
 BATCH = 50_000
 
@@ -61,12 +70,31 @@ def load_clickhouse(big: Path, ch: ClickHouseConnection, spans: int) -> None:
           f"(row building in Python included), {int(size) / 1e6:,.0f} MB on disk")  # fmt: skip
 
 
+def copy_derived(ch: ClickHouseConnection, target: str, copies: int) -> None:
+    """Fill the database ``target`` with ``copies`` copies of the derived tables of ``ch``'s
+    database (copy 0 as it is, copy k with ``-k`` after every trace and run id), and its views."""
+    for table in (DERIVED_SPANS, *DERIVED_VIEWS.values()):
+        columns = list(ch.df(f"SELECT name FROM system.columns WHERE database = '{ch.database}' AND table = '{table}' "
+                             "ORDER BY position")["name"])  # fmt: skip
+        ch.command(f"CREATE TABLE IF NOT EXISTS {target}.{table} AS {ch.database}.{table}")
+        ch.command(f"TRUNCATE TABLE {target}.{table}")
+        for k in range(copies):
+            suffix = f"'-{k}'" if k else "''"
+            values = ", ".join(
+                f"concat(`{c}`, {suffix})" if c == "trace_id" else
+                f"if(`{c}` IS NULL, NULL, concat(`{c}`, {suffix}))" if c == "run_id" else f"`{c}`"
+                for c in columns
+            )  # fmt: skip
+            ch.command(f"INSERT INTO {target}.{table} SELECT {values} FROM {ch.database}.{table} FINAL")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--spans", type=int, default=1_000_000)
     parser.add_argument("--base-runs", type=int, default=4000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--keep", help="folder to keep the files, the DuckDB store and the chDB folder in")
+    parser.add_argument("--copies", type=int, default=0, help="then time chDB over K copies of the derived tables")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="treellm-bench-ch-") as tmp:
         folder = Path(args.keep or tmp)
@@ -99,9 +127,28 @@ def main() -> None:
                     same = same and result == other
                 print(f"{name:26} {size_of(result):>12} {d_s:9.3f} {c_s:9.3f} {c_s / d_s:12.2f}")
             print("totals and report identical on both engines" if same else "DIFFERENT results: see test_clickhouse")
+            if args.copies > 1:
+                scaled(ch, folder, spans, args.copies, args.repeats)
         finally:
             duck.close()
             ch.close()
+
+
+def scaled(ch: ClickHouseConnection, folder: Path, spans: int, copies: int, repeats: int) -> None:
+    """Time every function over ``copies`` copies of the derived tables (chDB alone)."""
+    target = f"treellm_x{copies}"
+    ch.command(f"CREATE DATABASE IF NOT EXISTS {target}")
+    t0 = time.perf_counter()
+    copy_derived(ch, target, copies)
+    print(f"\ncopied treellm's derived tables {copies} times in {time.perf_counter() - t0:.1f} s")
+    big = open_clickhouse(f"chdb:{folder / f'chdb-{spans}'}", database=target)
+    rows = int(big.df("SELECT count() AS n FROM spans")["n"][0])
+    print(f"{rows:,} spans, {int(big.df('SELECT count() AS n FROM runs')['n'][0]):,} runs in chDB ({target})")
+    print(f"{'function':26} {'result':>12} {'chDB s':>9}")
+    for name, _target, _label in FUNCTIONS:
+        function = getattr(analysis, name)
+        c_s, result = median_time(lambda function=function: function(big), repeats)
+        print(f"{name:26} {size_of(result):>12} {c_s:9.3f}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Dashboard page time to interactive in a real browser, on a 1M-span store beside the sample store.
 
 Run: .venv/bin/python benchmarks/bench_dashboard.py --keep /tmp/ba [--loads 5]
+     [--clickhouse chdb:PATH --clickhouse-database NAME]
 
 For each page: the median, over ``--loads`` fresh loads (a new browser page each, so
 Streamlit reruns the script; the data cache is cleared between stores by restarting the
@@ -8,6 +9,9 @@ server), of the time from navigation until the page is interactive: its key text
 no skeleton (a still-loading element) is left and Streamlit's "running" indicator is gone.
 The same page on the sample store is measured beside it. Target: <= 3 s each on 1M spans.
 The first load after a server start (cold cache) is reported apart from the median.
+
+With ``--clickhouse``, the big store is that ClickHouse source instead (for example the chDB
+folder and the 10x database that ``bench_clickhouse.py --copies 10 --keep DIR`` leaves).
 """
 
 from __future__ import annotations
@@ -48,10 +52,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _serve(db: Path) -> tuple[subprocess.Popen[bytes], str]:
+def _serve(source: list[str]) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "treellm", "dashboard", "--db", str(db), "--port", str(port)],
+        [sys.executable, "-m", "treellm", "dashboard", *source, "--port", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
@@ -80,11 +84,12 @@ def _load(browser: object, url: str, path: str) -> float:
     return elapsed
 
 
-def measure(db: Path, loads: int) -> dict[str, tuple[float, float]]:
-    """Per page: (first load, median of the next ``loads``)."""
+def measure(source: list[str], loads: int) -> dict[str, tuple[float, float]]:
+    """Per page: (first load, median of the next ``loads``), the dashboard reading ``source``
+    (its command-line options: ``--db PATH`` or ``--clickhouse URL ...``)."""
     from playwright.sync_api import sync_playwright
 
-    server, url = _serve(db)
+    server, url = _serve(source)
     out = {}
     try:
         with sync_playwright() as p:
@@ -106,15 +111,21 @@ def main() -> None:
     parser.add_argument("--keep", help="folder of the 1M-span store (built by bench_analysis's builder if missing)")
     parser.add_argument("--spans", type=int, default=1_000_000)
     parser.add_argument("--loads", type=int, default=5)
+    parser.add_argument("--clickhouse", help="read this ClickHouse source as the big store (e.g. chdb:PATH)")
+    parser.add_argument("--clickhouse-database", default="treellm")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        big = build(Path(args.keep or tmp), args.spans, 4000)
+        if args.clickhouse:
+            source = ["--clickhouse", args.clickhouse, "--clickhouse-database", args.clickhouse_database]
+            label = args.clickhouse_database
+        else:
+            source, label = ["--db", str(build(Path(args.keep or tmp), args.spans, 4000))], "1M spans"
         small = Path(tmp) / "samples.duckdb"
         ingest(small, [ROOT / "sample_traces"])
-        on_small = measure(small, args.loads)
-        on_big = measure(big, args.loads)
+        on_small = measure(["--db", str(small)], args.loads)
+        on_big = measure(source, args.loads)
     print(f"\ntime to interactive in headless Chromium, median of {args.loads} loads (first load apart)")
-    print(f"{'page':10} {'sample store':>13} {'1M spans':>10} {'ratio':>7} {'1M first load':>14}  target <= 3 s")
+    print(f"{'page':10} {'sample store':>13} {label:>10} {'ratio':>7} {'first load':>14}  target <= 3 s")
     for page in on_small:
         _, s = on_small[page]
         b_first, b = on_big[page]

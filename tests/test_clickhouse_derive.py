@@ -35,9 +35,11 @@ from treellm.store.clickhouse_derive import (
     Shard,
     derive_once,
     parse_shard,
+    record_traces,
     run_derive,
     serve_health,
     underived,
+    write_derived,
 )
 from treellm.store.clickhouse_ingest import ingest_clickhouse
 
@@ -170,6 +172,36 @@ def test_a_late_root_derives_its_trace_again(connect: Connect, duck_samples: Any
     assert second.traces == len({r["TraceId"] for r in roots}) and second.spans == len(rows)
     assert A.report(ch) == A.report(duck_samples)
     assert A.tune(ch) == A.tune(duck_samples)
+
+
+def test_a_trace_derived_again_into_fewer_rows_keeps_none_of_the_old(
+    connect: Connect, folder: Path, duck_samples: Any
+) -> None:
+    """Rows are numbered within their trace; a derivation with fewer rows deletes the numbers
+    beyond its count, so no view shows a row of the earlier derivation."""
+    ch = connect("fewer", None)
+    db = folder / "fewer.duckdb"
+    shutil.copy(folder / "samples.duckdb", db)
+    with open_store(db) as con:
+        traces = [t for (t,) in con.execute("SELECT DISTINCT trace_id FROM spans ORDER BY 1").fetchall()]
+        write_derived(con, ch, traces, version=1)
+        record_traces(ch, dict.fromkeys(traces, (0, 0)), Shard(), 1)
+        assert normalised(ch.df("SELECT * EXCEPT (source) FROM runs")) == normalised(
+            con.execute("SELECT * EXCLUDE (source) FROM runs").df()
+        )
+        # the same traces derived again without a run's spans: fewer runs, nodes and calls
+        run = con.execute("SELECT run_id FROM runs ORDER BY run_id LIMIT 1").fetchone()[0]
+        con.execute("DELETE FROM span_events WHERE span_id IN (SELECT span_id FROM spans WHERE run_id = ?)", [run])
+        con.execute("DELETE FROM spans WHERE run_id = ?", [run])
+        write_derived(con, ch, traces, version=2)
+        record_traces(ch, dict.fromkeys(traces, (0, 0)), Shard(), 2)
+        for view in ("runs", "nodes", "tool_calls", "loop_events"):
+            columns = [c for c in con.execute(f"SELECT * FROM {view} LIMIT 0").df().columns if c != "source"]
+            select = f"SELECT {', '.join(f'`{c}`' for c in columns)} FROM {view}"
+            assert normalised(ch.df(select)) == normalised(con.execute(select.replace("`", '"')).df()), view
+        assert run not in set(ch.df("SELECT run_id FROM runs")["run_id"])
+    deleted = ch.df(f"SELECT count() AS n FROM {ch.database}.treellm_nodes WHERE is_deleted = 1")
+    assert int(deleted["n"][0]) > 0  # the numbers beyond the new count, deleted
 
 
 def _derived_spans(ch: ClickHouseConnection) -> list[bytes]:

@@ -237,9 +237,11 @@ def test_the_plan_creates_free_names_replaces_treellms_and_refuses_the_rest() ->
         plan_views("t", {"runs": mine, "nodes": ("ReplacingMergeTree", "")})
     table = ("ReplacingMergeTree", "treellm:table:1")
     assert plan_tables("t", {}) == dict.fromkeys(TABLE_NAMES, False)
-    assert plan_tables("t", {"treellm_spans": table}) == {"treellm_spans": True, "treellm_traces": False}
+    assert plan_tables("t", {"treellm_spans": table}) == {name: name == "treellm_spans" for name in TABLE_NAMES}
     replicated = ("ReplicatedReplacingMergeTree", "treellm:table:3")  # made ON CLUSTER by the team
-    assert plan_tables("t", {"treellm_spans": replicated, "treellm_traces": table}) == dict.fromkeys(TABLE_NAMES, True)
+    both = {"treellm_spans": replicated, "treellm_traces": table}
+    assert plan_tables("t", both) == {name: name in both for name in TABLE_NAMES}
+    assert plan_tables("t", dict.fromkeys(TABLE_NAMES, table)) == dict.fromkeys(TABLE_NAMES, True)
     for theirs in (("MergeTree", "treellm:table:1"), ("ReplacingMergeTree", ""), ("View", "treellm:view:3")):
         with pytest.raises(NotOwnedError, match=r"t\.treellm_traces belongs to someone else"):
             plan_tables("t", {"treellm_spans": table, "treellm_traces": theirs})

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import pandas as pd
 
 from treellm.analysis.filters import Filters
-from treellm.analysis.measures import CLICKHOUSE_SETTINGS, REPEATS_SQL, REPEATS_SQL_CLICKHOUSE
+from treellm.analysis.measures import CLICKHOUSE_SETTINGS, REPEATS_SQL
 from treellm.store.backend import StoreConnection, as_connection
 
 __all__ = [
@@ -294,9 +294,8 @@ def run_table(con: StoreConnection, filters: Filters | None = None, query: RunQu
     if q.text:
         clauses.append(_TEXT_MATCH.format(escape="" if clickhouse else " ESCAPE '\\'"))
         params += [like_pattern(q.text)] * 3
-    repeats = REPEATS_SQL_CLICKHOUSE if clickhouse else REPEATS_SQL
     sql = _RUN_TABLE_SQL.format(
-        repeats=repeats.format(where=repeat_where), where=" AND ".join(clauses), sort=_SORT_COLUMNS[q.sort],
+        repeats=REPEATS_SQL.format(where=repeat_where), where=" AND ".join(clauses), sort=_SORT_COLUMNS[q.sort],
         direction="DESC" if q.descending else "ASC", limit=int(q.limit),
     )  # fmt: skip
     frame = c.df(sql + (CLICKHOUSE_SETTINGS if clickhouse else ""), params)

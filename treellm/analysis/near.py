@@ -207,8 +207,8 @@ def _load(con: StoreConnection, f: Filters) -> pd.DataFrame:
     where, params = f.where("c")
     return as_connection(con).df(
         f"""SELECT c.run_id, c.tool, c.signature, c.arguments, c.result_hash, c.node_id, c.parent_id,
-                   c.trace_id, c.span_id, s.tool_call_id AS call_id
-            FROM ({CALLS_SQL}) c JOIN spans s USING (trace_id, span_id)
+                   c.trace_id, c.span_id, c.call_id
+            FROM ({CALLS_SQL}) c
             WHERE {where} AND c.arguments IS NOT NULL
             ORDER BY c.run_id, c.tool, c.start_ns, c.span_id""",
         params,

@@ -230,8 +230,8 @@ _SQL = (
     _RUNS_WITH
     + """
 SELECT c.trace_id, c.span_id, c.run_id, c.node_id, c.parent_id, c.tool, c.signature, c.ordinal, c.status,
-       c.result_hash, c.arguments, s.tool_call_id AS call_id
-FROM calls c JOIN spans s USING (trace_id, span_id)
+       c.result_hash, c.arguments, c.call_id
+FROM calls c
 WHERE c.run_id IN (SELECT run_id FROM runs_with)
 ORDER BY c.run_id, c.start_ns, c.span_id
 """

@@ -21,9 +21,9 @@ import pandas as pd
 import tomli_w
 
 from treellm.analysis.filters import Filters
-from treellm.analysis.measures import CALLS_SQL, CLICKHOUSE_SETTINGS, repeat_samples
+from treellm.analysis.measures import CALLS_SQL, repeat_samples
 from treellm.shell import DEFAULT_SHELL_TOOLS
-from treellm.store.backend import DuckDBConnection, StoreConnection, as_connection
+from treellm.store.backend import StoreConnection, as_connection
 
 __all__ = [
     "DEFAULT_MIN_PRODUCTIVE",
@@ -156,75 +156,21 @@ def _turn_summary(turns: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def _intervening_tools(con: StoreConnection, samples: pd.DataFrame) -> pd.Series:
-    """For each repeat: the tools whose other calls succeeded between it and its last earlier
-    twin (its own tool included, when that tool made other calls: a tool that writes too)."""
-    if samples.empty:
-        return pd.Series(dtype=object)
-    keys = samples[["run_id", "node_id", "last_earlier", "start_ns", "tool", "signature"]].dropna(
-        subset=["last_earlier"]
-    )
-    engine = as_connection(con)
-    if not isinstance(engine, DuckDBConnection):
-        found = _intervening_tools_sql(engine, keys)
-    else:
-        found = _intervening_tools_duckdb(engine, keys)
-    lookup = {(r, n): set(t) for r, n, t in found.itertuples(index=False)}
-    return pd.Series([lookup.get((r, n), set()) for r, n in zip(samples["run_id"], samples["node_id"], strict=True)],
-                     index=samples.index)  # fmt: skip
+Between = dict[tuple[str, str], set[str]]
 
 
-_NO_SIGNATURE = "\x00none"  # a NULL signature inside a parameter array of text
+def _intervening_tools(con: StoreConnection, f: Filters) -> Between:
+    """Per repeat (run, node) of the filtered data: the tools whose other calls succeeded between
+    it and its last earlier twin (the store's ``repeat_between``; none: not in the map)."""
+    where, params = f.where("b")
+    found = as_connection(con).df(f"SELECT b.run_id, b.node_id, b.tools FROM repeat_between b WHERE {where}", params)
+    return {(str(r), str(n)): set(t) for r, n, t in zip(found["run_id"], found["node_id"], found["tools"], strict=True)}
 
 
-def _intervening_tools_sql(engine: StoreConnection, keys: pd.DataFrame) -> pd.DataFrame:
-    """ClickHouse: the repeats' keys arrive as typed array parameters (no registered DataFrame),
-    zipped into rows in SQL: the same rows as the DuckDB query for those keys."""
-    if keys.empty:
-        return pd.DataFrame({"run_id": [], "node_id": [], "tools": []})
-    params = [
-        [str(v) for v in keys["run_id"]], [str(v) for v in keys["node_id"]], [str(v) for v in keys["last_earlier"]],
-        [str(int(v)) for v in keys["start_ns"]],
-        [_NO_SIGNATURE if pd.isna(v) else str(v) for v in keys["signature"]],
-    ]  # fmt: skip
-    return as_connection(engine).df(
-        f"""
-        WITH calls AS ({CALLS_SQL}),
-        keys AS (
-            SELECT tupleElement(k, 1) AS run_id, tupleElement(k, 2) AS node_id, tupleElement(k, 3) AS last_earlier,
-                toInt64(tupleElement(k, 4)) AS start_ns, nullIf(tupleElement(k, 5), '{_NO_SIGNATURE}') AS signature
-            FROM (SELECT arrayJoin(arrayZip(?, ?, ?, ?, ?)) AS k)
-        )
-        SELECT k.run_id AS run_id, k.node_id AS node_id, groupUniqArray(c.tool) AS tools
-        FROM keys k
-        JOIN calls e ON e.run_id = k.run_id AND e.node_id = k.last_earlier
-        JOIN calls c ON c.run_id = k.run_id
-        WHERE c.start_ns > e.start_ns AND c.start_ns < k.start_ns
-          AND c.status = 'completed' AND NOT isNotDistinctFrom(c.signature, k.signature)
-        GROUP BY k.run_id, k.node_id
-        {CLICKHOUSE_SETTINGS}
-        """,
-        params,
-    )
-
-
-def _intervening_tools_duckdb(engine: DuckDBConnection, keys: pd.DataFrame) -> pd.DataFrame:
-    con = engine.raw
-    con.register("treellm_repeat_keys", keys)
-    try:
-        return con.execute(
-            f"""
-            WITH calls AS ({CALLS_SQL})
-            SELECT k.run_id, k.node_id, list(DISTINCT c.tool) AS tools
-            FROM treellm_repeat_keys k
-            JOIN calls e ON e.run_id = k.run_id AND e.node_id = k.last_earlier
-            JOIN calls c ON c.run_id = k.run_id AND c.start_ns > e.start_ns AND c.start_ns < k.start_ns
-                        AND c.status = 'completed' AND c.signature IS DISTINCT FROM k.signature
-            GROUP BY k.run_id, k.node_id
-            """
-        ).df()
-    finally:
-        con.unregister("treellm_repeat_keys")
+def _between(samples: pd.DataFrame, between: Between) -> pd.Series:
+    """For each repeat of ``samples``: the tools between it and its twin (:func:`_intervening_tools`)."""
+    pairs = zip(samples["run_id"], samples["node_id"], strict=True)
+    return pd.Series([between.get((str(r), str(n)), set()) for r, n in pairs], index=samples.index, dtype=object)
 
 
 def _mutating_cause(samples: pd.DataFrame, between: pd.Series) -> tuple[str, int, float, float] | None:
@@ -300,6 +246,7 @@ def tuning_by_tool(
     pruned = _pruned_counts(con, f)
     turns = _turn_summary(_turn_ends(con, f))
     afresh = _afresh(con, f)
+    between = _intervening_tools(con, f)
     rows: list[dict[str, Any]] = []
     item: Any
     for item in limits.itertuples(index=False):
@@ -318,7 +265,7 @@ def tuning_by_tool(
         tokens: Any = mine.loc[pruned_wasted, "result_chars"].sum() if pruned_wasted is not None else 0
         only_this = turns[(turns["tools"] == 1) & (turns["first_tool"] == tool)]["min_ordinal"]
         verdict, reason, mutating = _verdict(
-            con,
+            between,
             mine,
             tool=tool,
             n=n,
@@ -376,7 +323,7 @@ def _recommend(samples: pd.DataFrame, tolerance: float) -> int:
 
 
 def _verdict(
-    con: StoreConnection,
+    between: Between,
     samples: pd.DataFrame,
     *,
     tool: str,
@@ -395,7 +342,7 @@ def _verdict(
             "and reports them"
         )
         return "insufficient_data", advice, None
-    cause = _mutating_cause(samples, _intervening_tools(con, samples))
+    cause = _mutating_cause(samples, _between(samples, between))
     if cause is not None:
         mutating, count, rate_with, rate_without = cause
         if mutating == tool:

@@ -133,7 +133,7 @@ class Placement:
         that counts, else itself; None for a span that is no counted call). On a path of another
         framework (linear: no branches) the earlier calls that count are exactly the chain's calls
         of lower ordinal, ordinals 1 to ``ordinal - 1``: a query can judge a repeat against them
-        without the list (``analysis.measures.REPEATS_SQL``)."""
+        without the list (``store.views.REPEAT_OUTCOMES``)."""
         if self.ordinal is None:
             return None
         return self.earlier[0] if self.earlier else self.span_id

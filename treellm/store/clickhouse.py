@@ -42,10 +42,12 @@ from treellm.store.clickhouse_views import (
     DEFAULT_TABLE,
     DERIVED_SPANS,
     DERIVED_TRACES,
+    DERIVED_VIEWS,
     EVENT_COLUMNS,
     OTEL_TRACES_DDL,
     SPANS_TABLE_COLUMNS,
     TABLE_NAMES,
+    TRACES_COLUMNS,
     VIEW_NAMES,
     Column,
     check_names,
@@ -53,8 +55,10 @@ from treellm.store.clickhouse_views import (
     create_view,
     derived_spans_ddl,
     derived_traces_ddl,
+    derived_view_ddl,
     is_marked,
     marker,
+    view_columns_wanted,
     view_queries,
 )
 from treellm.store.connection import NotOwnedError, apply_migrations
@@ -63,7 +67,7 @@ from treellm.urls import scrub as _scrubbed
 
 __all__ = [
     "DEFAULT_DATABASE", "ENV_CLICKHOUSE", "ClickHouseConnection", "NotOwnedError", "check_server_url", "display_url",
-    "named_parameters", "open_clickhouse", "plan_tables", "plan_views", "store_columns",
+    "named_parameters", "open_clickhouse", "plan_tables", "plan_views", "store_columns", "view_columns",
 ]  # fmt: skip
 
 ENV_CLICKHOUSE: Final = settings.TREELLM_CLICKHOUSE.name
@@ -140,16 +144,26 @@ def _array_text(values: Sequence[Any]) -> str:
 
 
 @functools.cache
-def store_columns() -> tuple[Column, ...]:
-    """The columns of the DuckDB store's ``spans`` table, read from a migrated in-memory store:
-    the one definition that ClickHouse's ``treellm_spans`` and ``spans`` view follow."""
+def _described() -> dict[str, tuple[Column, ...]]:
     con = duckdb.connect()
     try:
         apply_migrations(con)
-        rows = con.execute("DESCRIBE spans").fetchall()
+        found = {name: con.execute(f"DESCRIBE {name}").fetchall() for name in ("spans", *DERIVED_VIEWS)}
     finally:
         con.close()
-    return tuple((str(name), str(kind), null == "YES") for name, kind, null, *_ in rows)
+    return {name: tuple((str(n), str(k), null == "YES") for n, k, null, *_ in rows) for name, rows in found.items()}
+
+
+def store_columns() -> tuple[Column, ...]:
+    """The columns of the DuckDB store's ``spans`` table, read from a migrated in-memory store:
+    the one definition that ClickHouse's ``treellm_spans`` and ``spans`` view follow."""
+    return _described()["spans"]
+
+
+def view_columns() -> dict[str, tuple[Column, ...]]:
+    """The columns of each DuckDB view that ClickHouse keeps a table of (``nodes``, ...), read
+    from a migrated in-memory store: the one definition of those tables and views."""
+    return {name: _described()[name] for name in DERIVED_VIEWS}
 
 
 def _not_owned(database: str, name: str, engine: str) -> NotOwnedError:
@@ -283,8 +297,8 @@ class ClickHouseConnection:
         Raises :class:`NotOwnedError` when a name in :attr:`database` holds an object that is
         not treellm's, and :class:`StoreError` when :attr:`table` is missing or holds no spans;
         nothing is replaced then."""
-        columns = store_columns()
-        queries = view_queries(self.table, self.database, columns)  # validates the names first
+        columns, described = store_columns(), view_columns()
+        queries = view_queries(self.table, self.database, columns, described)  # validates the names first
         if create_table:
             table_database = self.table.partition(".")[0]
             if not self._has_database(table_database):
@@ -304,25 +318,32 @@ class ClickHouseConnection:
         views = plan_views(self.database, existing)  # both plans before anything is touched
         self._command(derived_spans_ddl(self.database, columns))
         self._command(derived_traces_ddl(self.database))
-        if tables[DERIVED_SPANS]:
-            self._add_missing_columns(columns)
+        for view in DERIVED_VIEWS:
+            self._command(derived_view_ddl(self.database, view, described[view]))
+        # an older version's tables get the columns they lack (NULL in their old rows, whose
+        # traces were derived under another schema: derived again, treellm_traces says so)
+        wanted = {
+            DERIVED_SPANS: [(n, clickhouse_type(k, nullable=True)) for n, k, _ in columns] + list(EVENT_COLUMNS),
+            DERIVED_TRACES: list(TRACES_COLUMNS),
+            **{table: view_columns_wanted(described[view]) for view, table in DERIVED_VIEWS.items()},
+        }
+        for table, kinds in wanted.items():
+            if tables[table]:
+                self._add_missing_columns(table, kinds)
         for name, replace in views.items():
             self._command(create_view(self.database, name, queries[name], replace=replace))
 
-    def _add_missing_columns(self, columns: Sequence[Column]) -> None:
-        """An older ``treellm_spans`` gets the store's columns it lacks (NULL in its old rows)."""
-        found = self._rows(
-            "SELECT name FROM system.columns WHERE database = ? AND table = ?", [self.database, DERIVED_SPANS]
-        )
+    def _add_missing_columns(self, table: str, wanted: Sequence[tuple[str, str]]) -> None:
+        """An older table of treellm's gets the columns it lacks (NULL or empty in its old rows)."""
+        found = self._rows("SELECT name FROM system.columns WHERE database = ? AND table = ?", [self.database, table])
         have = set(found["name"])
-        wanted = [(n, clickhouse_type(k, nullable=True)) for n, k, _ in columns] + list(EVENT_COLUMNS)
         for name, kind in wanted:
             if name not in have:
-                self._command(f"ALTER TABLE {self.database}.{DERIVED_SPANS} ADD COLUMN IF NOT EXISTS `{name}` {kind}")
+                self._command(f"ALTER TABLE {self.database}.{table} ADD COLUMN IF NOT EXISTS `{name}` {kind}")
 
     def derived(self, name: str) -> str:
-        """The qualified name of one of treellm's tables (``treellm_spans``, ``treellm_traces``)."""
-        if name not in (DERIVED_SPANS, DERIVED_TRACES):
+        """The qualified name of one of treellm's tables (:data:`TABLE_NAMES`)."""
+        if name not in TABLE_NAMES:
             raise ValueError(f"expected one of treellm's tables {TABLE_NAMES}, got {name!r}")
         return f"{self.database}.{name}"
 

@@ -49,15 +49,15 @@ import duckdb
 
 from treellm.derive.transform import WRITTEN_BACK
 from treellm.errors import ConfigError
-from treellm.store.clickhouse import ClickHouseConnection
-from treellm.store.clickhouse_views import DERIVED_SPANS, DERIVED_TRACES
+from treellm.store.clickhouse import ClickHouseConnection, store_columns, view_columns
+from treellm.store.clickhouse_views import DERIVED_SPANS, DERIVED_TRACES, DERIVED_VIEWS, derived_schema
 from treellm.store.ingest import BadRecord, ingest
 from treellm.telemetry import semconv as sc
 
 __all__ = [
-    "MAX_TRACES", "DeriveHealth", "DeriveReport", "Shard", "derive_once", "derive_rows_sql", "events_sql",
-    "otlp_lines_sql", "parse_shard", "record_traces", "run_derive", "serve_health", "timestamp_sql",
-    "trace_counts_sql", "underived", "write_derived",
+    "MAX_TRACES", "DeriveHealth", "DeriveReport", "Shard", "current_schema", "derive_once", "derive_rows_sql",
+    "derive_traces", "events_sql", "otlp_lines_sql", "parse_shard", "record_traces", "run_derive", "serve_health",
+    "timestamp_sql", "trace_counts_sql", "underived", "view_rows_sql", "write_derived",
 ]  # fmt: skip
 
 BATCH_SPANS: Final = 100_000
@@ -151,6 +151,24 @@ ORDER BY s.trace_id, s.start_ns, s.span_id
 """
 
 
+def view_rows_sql(view: str, columns: Sequence[str]) -> str:
+    """One JSONEachRow line of the table of the DuckDB view ``view`` per row of it whose trace
+    is in the temp table ``chosen(trace_id)``: the view's ``columns``, the row's number within
+    its trace (1 to its count, in no particular order: a derivation replaces all of them) and
+    the ``$version`` parameter (pure: SQL text)."""
+    values = ", ".join(f'"{c}" := v."{c}"' for c in columns)
+    return f"""
+SELECT to_json(struct_pack({values},
+    "row" := row_number() OVER (PARTITION BY v.trace_id), "version" := $version)) AS line
+FROM {view} v SEMI JOIN chosen USING (trace_id)
+"""
+
+
+def current_schema() -> str:
+    """What this treellm derives under (:func:`~treellm.store.clickhouse_views.derived_schema`)."""
+    return derived_schema(store_columns(), view_columns())
+
+
 def _lines(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, object]) -> Iterator[list[str]]:
     cursor = con.execute(sql, params)
     while rows := cursor.fetchmany(_INSERT_ROWS):
@@ -158,8 +176,10 @@ def _lines(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, object]) 
 
 
 def write_derived(con: duckdb.DuckDBPyConnection, ch: ClickHouseConnection, traces: Sequence[str], version: int) -> int:
-    """Write the DuckDB store's derived spans of ``traces`` into ``treellm_spans`` with ``version``;
-    returns how many. ``con`` is a treellm store that ingest filled."""
+    """Write the DuckDB store's derived spans of ``traces`` into ``treellm_spans``, and the rows
+    of its views over them into their tables, with ``version``; returns how many spans. ``con``
+    is a treellm store that ingest filled with every span of ``traces``. The traces' rows are
+    shown once :func:`record_traces` records ``version`` for them."""
     con.execute("CREATE OR REPLACE TEMP TABLE chosen (trace_id VARCHAR)")
     con.executemany("INSERT INTO chosen VALUES (?)", [[t] for t in traces])
     columns = [str(name) for (name, *_) in con.execute("DESCRIBE spans").fetchall()]
@@ -167,16 +187,50 @@ def write_derived(con: duckdb.DuckDBPyConnection, ch: ClickHouseConnection, trac
     for lines in _lines(con, derive_rows_sql(columns), {"version": version}):
         ch.insert_json_rows(lines, target=ch.derived(DERIVED_SPANS))
         written += len(lines)
+    for view, table in DERIVED_VIEWS.items():
+        names = [str(name) for (name, *_) in con.execute(f"DESCRIBE {view}").fetchall()]
+        for lines in _lines(con, view_rows_sql(view, names), {"version": version}):
+            ch.insert_json_rows(lines, target=ch.derived(table))
+        _delete_beyond(con, ch, view, table, version)
     return written
+
+
+def _delete_beyond(
+    con: duckdb.DuckDBPyConnection, ch: ClickHouseConnection, view: str, table: str, version: int
+) -> None:
+    """Delete (``is_deleted`` rows of ``version``) the row numbers an earlier derivation of the
+    ``chosen`` traces wrote into ``table`` beyond the rows the view has for them now: a trace
+    derived again into fewer rows (a late root merged two runs) keeps none of the old ones."""
+    traces = [t for (t,) in con.execute("SELECT trace_id FROM chosen").fetchall()]
+    found = ch.df(
+        f"SELECT trace_id, max(row) AS n FROM {ch.derived(table)} WHERE has(?, trace_id) GROUP BY trace_id", [traces]
+    )
+    if not len(found):
+        return
+    con.register("written_before", found)
+    try:
+        rows = con.execute(
+            f"""SELECT to_json({{'trace_id': w.trace_id, 'row': k, 'version': $version, 'is_deleted': 1}})
+            FROM written_before w
+            LEFT JOIN (SELECT trace_id, count(*) AS n FROM {view} SEMI JOIN chosen USING (trace_id) GROUP BY trace_id) v
+                USING (trace_id)
+            CROSS JOIN range(coalesce(v.n, 0) + 1, w.n + 1) AS r(k)""",
+            {"version": version},
+        ).fetchall()
+    finally:
+        con.unregister("written_before")
+    lines = [line for (line,) in rows]
+    for start in range(0, len(lines), _INSERT_ROWS):
+        ch.insert_json_rows(lines[start : start + _INSERT_ROWS], target=ch.derived(table))
 
 
 def record_traces(ch: ClickHouseConnection, counts: dict[str, tuple[int, int]], shard: Shard, version: int) -> None:
     """Record in ``treellm_traces`` that each trace was derived from ``counts[trace] = (distinct
     spans, last span end ns)`` of the spans table."""
-    now = time.time_ns()
+    now, schema = time.time_ns(), current_schema()
     rows = [
         json.dumps({"trace_id": trace, "spans": spans, "last_ns": last, "derived_ns": now, "shard": str(shard),
-                    "version": version})
+                    "version": version, "schema": schema})
         for trace, (spans, last) in counts.items()
     ]  # fmt: skip
     for start in range(0, len(rows), _INSERT_ROWS):
@@ -296,7 +350,8 @@ def trace_counts_sql(table: str, where: str) -> str:
 
 def _due_sql(table: str, database: str) -> str:
     """Per trace of the shard (``?`` count, ``?`` index), its counts (:func:`trace_counts_sql`) and
-    the count recorded when it was last derived (0 when never). Every trace id is taken as it is:
+    the count recorded when it was last derived (0 when never), when that differs or the trace
+    was derived under another schema than ``?`` (an upgrade). Every trace id is taken as it is:
     a span that breaks the validator's rules (a trace id that is no hex) is refused by the ingest
     and reported as a bad record, never skipped here without a word."""
     return f"""
@@ -304,25 +359,29 @@ SELECT r.trace_id AS trace_id, r.spans AS spans, r.last_ns AS last_ns, d.done AS
 FROM ({trace_counts_sql(table, "cityHash64(TraceId) % ? = ?")}
 ) r
 LEFT JOIN (
-    SELECT trace_id, argMax(spans, version) AS done FROM {database}.{DERIVED_TRACES} GROUP BY trace_id
+    SELECT trace_id, argMax(spans, version) AS done, argMax(schema, version) AS schema
+    FROM {database}.{DERIVED_TRACES} GROUP BY trace_id
 ) d ON r.trace_id = d.trace_id
-WHERE r.spans != d.done
+WHERE r.spans != d.done OR d.schema != ?
 ORDER BY r.last_ns, r.trace_id
 """
 
 
 def underived(ch: ClickHouseConnection) -> int:
     """How many traces of the spans table treellm's tables lack or hold out of date (any shard,
-    any quiet window): what ``report`` warns about. When the table's row count (kept by ClickHouse
-    in each part's metadata) equals the recorded spans, nothing is due and nothing is scanned."""
+    any quiet window, or derived under another schema): what ``report`` warns about. When the
+    table's row count (kept by ClickHouse in each part's metadata) equals the recorded spans and
+    every trace was derived under this schema, nothing is due and nothing is scanned."""
+    schema = current_schema()
     quick = ch.df(
-        f"SELECT (SELECT count() FROM {ch.table}) AS rows, "
-        f"(SELECT sum(s) FROM (SELECT argMax(spans, version) AS s FROM {ch.derived(DERIVED_TRACES)} "
-        "GROUP BY trace_id)) AS recorded"
+        f"SELECT (SELECT count() FROM {ch.table}) AS rows, sum(s) AS recorded, countIf(d != ?) AS stale "
+        f"FROM (SELECT argMax(spans, version) AS s, argMax(schema, version) AS d FROM {ch.derived(DERIVED_TRACES)} "
+        "GROUP BY trace_id)",
+        [schema],
     )
-    if int(quick["rows"][0]) == int(quick["recorded"][0]):
+    if int(quick["rows"][0]) == int(quick["recorded"][0]) and int(quick["stale"][0]) == 0:
         return 0
-    found = ch.df(f"SELECT count() AS n FROM ({_due_sql(ch.table, ch.database)})", [1, 0])
+    found = ch.df(f"SELECT count() AS n FROM ({_due_sql(ch.table, ch.database)})", [1, 0, schema])
     return int(found["n"][0])
 
 
@@ -338,7 +397,7 @@ class _Due:
 
 def _scan(ch: ClickHouseConnection, shard: Shard, wait_s: float, now_ns: int | None) -> _Due:
     now = time.time_ns() if now_ns is None else now_ns
-    due = ch.df(_due_sql(ch.table, ch.database), [shard.count, shard.index])
+    due = ch.df(_due_sql(ch.table, ch.database), [shard.count, shard.index, current_schema()])
     # wait 0: no quiet window at all, so a trace stamped ahead of this clock (skew) is not held
     ready_mask = due["last_ns"] <= now - int(wait_s * 1e9) if wait_s > 0 else due["last_ns"].notna()
     ready, waiting = due[ready_mask], due[~ready_mask]
@@ -362,10 +421,12 @@ def _chunks(ready: dict[str, tuple[int, int]], batch_spans: int) -> Iterator[dic
         yield chunk
 
 
-def _derive(
+def derive_traces(
     ch: ClickHouseConnection, chosen: dict[str, tuple[int, int]], shard: Shard
 ) -> tuple[int, int, int, tuple[BadRecord, ...]]:
-    """Derive the traces ``chosen`` into treellm's tables: (spans read, spans written, runs, bad spans)."""
+    """Derive the traces ``chosen`` (trace id -> its counts in the spans table, as recorded) from
+    every span of theirs in the spans table into treellm's tables: (spans read, spans written,
+    runs, bad spans)."""
     version = time.time_ns()
     with tempfile.TemporaryDirectory(prefix="treellm-derive-") as folder:
         rows, otlp, db = (Path(folder) / name for name in ("rows.jsonl", "spans.jsonl", "derive.duckdb"))
@@ -397,7 +458,7 @@ def _passes(
         read = written = runs = 0
         bad: tuple[BadRecord, ...] = ()
         if chosen:
-            read, written, runs, bad = _derive(ch, chosen, shard)
+            read, written, runs, bad = derive_traces(ch, chosen, shard)
         left -= len(chosen)
         rest = [last for chunk in chunks[number + 1 :] for _, last in chunk.values()]
         behind = [*rest, *due.waiting_last_ns]

@@ -7,11 +7,14 @@ in a temporary folder. Then, for the traces with a span new to ClickHouse:
 
 1. the new spans go into the spans table as the Collector's exporter writes rows (treellm's
    own spans with their promoted attributes written back: the raw span, as sent);
-2. their traces' derived rows go into ``treellm_spans``
-   (:func:`treellm.store.clickhouse_derive.write_derived`, as ``treellm derive`` writes them),
-   and the traces' span counts into ``treellm_traces``, so a derive worker takes them for
-   derived. Should more spans of such a trace reach the spans table later, the worker derives
-   it again from what the table holds (for other frameworks' spans: their redacted copy).
+2. a trace new to ClickHouse gets its derived rows from that store (``treellm_spans`` and the
+   views' tables: :func:`treellm.store.clickhouse_derive.write_derived`, as ``treellm derive``
+   writes them), and its span counts in ``treellm_traces``, so a derive worker takes it for
+   derived;
+3. a trace that already had spans in ClickHouse is derived from all of them there
+   (:func:`treellm.store.clickhouse_derive.derive_traces`): the file held only part of it.
+   Should more spans of a trace reach the spans table later, a derive worker derives it again
+   from what the table holds (for other frameworks' spans: their redacted copy).
 
 So ClickHouse reports exactly what DuckDB reports for the same files.
 
@@ -36,6 +39,7 @@ from treellm.derive.transform import WRITTEN_BACK
 from treellm.store.clickhouse import ClickHouseConnection
 from treellm.store.clickhouse_derive import (
     Shard,
+    derive_traces,
     events_sql,
     record_traces,
     timestamp_sql,
@@ -154,18 +158,23 @@ def ingest_clickhouse(
                 "SELECT count(*) FROM runs r WHERE NOT EXISTS "
                 "(SELECT 1 FROM existing x WHERE x.trace_id = r.trace_id AND x.span_id = r.span_id)"
             ).fetchone()[0]  # type: ignore[index]
-            touched = [t for (t,) in con.execute(
-                "SELECT DISTINCT trace_id FROM spans s WHERE NOT EXISTS "
-                "(SELECT 1 FROM existing x WHERE x.trace_id = s.trace_id AND x.span_id = s.span_id) ORDER BY 1"
-            ).fetchall()]  # fmt: skip
+            touched = con.execute(
+                "SELECT DISTINCT trace_id, trace_id IN (SELECT trace_id FROM existing) AS known FROM spans s "
+                "WHERE NOT EXISTS (SELECT 1 FROM existing x WHERE x.trace_id = s.trace_id AND x.span_id = s.span_id) "
+                "ORDER BY 1"
+            ).fetchall()
             written = 0
             for lines in _batches(con):
                 ch.insert_json_rows(lines)
                 written += len(lines)
-            if touched:
+            new = [trace for trace, known in touched if not known]
+            if new:
                 version = time.time_ns()
-                write_derived(con, ch, touched, version)
-                record_traces(ch, _counts(ch, touched), Shard(), version)
+                write_derived(con, ch, new, version)
+                record_traces(ch, _counts(ch, new), Shard(), version)
+            known = [trace for trace, known in touched if known]
+            if known:
+                derive_traces(ch, _counts(ch, known), Shard())
         finally:
             con.close()
     return IngestReport(

@@ -1,19 +1,31 @@
 """treellm's tables and views in ClickHouse, beside the Collector exporter's ``otel_traces`` table.
 
-The views are the contract: ``spans`` (the DuckDB store's ``spans`` table, its columns read from
-DuckDB itself), ``nodes``, ``tool_calls``, ``loop_events`` and ``runs`` have the columns of the
-DuckDB views, generated from the same definition (:mod:`treellm.store.views`). Nothing is
-derived here. ``treellm derive``
+The views are the contract: ``spans``, ``nodes``, ``tool_calls``, ``loop_events`` and ``runs``
+have the columns of the DuckDB store's table and views (:mod:`treellm.store.views`), read from
+DuckDB itself. Nothing is derived here, and no view computes anything: ``treellm derive``
 (:mod:`treellm.store.clickhouse_derive`) reads the spans that arrived in ``otel_traces``, derives
 them with the one pipeline that DuckDB ingest runs (the validator, the conventions, runs and
 trees, signatures and ordinals with the state-change rule, the redaction of other frameworks'
-values), and writes the result into two tables of treellm's database:
+values, then the DuckDB views themselves), and writes each trace's rows into treellm's tables:
 
-- ``treellm_spans`` (ReplacingMergeTree): one row per span with the columns of the DuckDB
-  ``spans`` table, its events as arrays, and ``version``: a trace derived again (a late span)
-  replaces its rows, the newest version wins (the ``spans`` view reads it ``FINAL``);
-- ``treellm_traces`` (ReplacingMergeTree): per trace, the distinct spans ``otel_traces`` held
-  when it was derived; a trace whose count changed since is derived again.
+- ``treellm_spans``: one row per span with the columns of the DuckDB ``spans`` table and its
+  events as arrays;
+- ``treellm_nodes``, ``treellm_tool_calls``, ``treellm_loop_events``, ``treellm_runs``: the rows
+  of the DuckDB view of that name, computed over the trace's spans, numbered within the trace
+  (``row``), with ``is_deleted`` set on the rows a trace derived again no longer has;
+- ``treellm_traces``: per trace, the distinct spans ``otel_traces`` held when it was derived, the
+  ``version`` of that derivation and the ``schema`` it was derived under (:func:`derived_schema`);
+  a trace whose count or schema changed since is derived again.
+
+Every row carries the ``version`` of the pass that wrote it, and the views read the tables
+``FINAL``: of each (trace, span) or (trace, row) key, the newest version, unless it is a
+deletion. So a trace derived again (a late span, a late root that renames its run) is replaced
+as a whole: its rows are renumbered from 1, and the numbers its earlier derivation used beyond
+its new count get a deletion (``ReplacingMergeTree(version, is_deleted)``). A pass stopped
+half-way leaves its traces' counts unrecorded: the next pass derives them again and replaces
+what it wrote. Queries read plain columns (``FINAL`` over ``ReplacingMergeTree`` merges parts
+ordered by the key, cheap beside any filter on the trace), never a Map, nothing aggregated at
+read time.
 
 Pure: :func:`view_queries`, :func:`create_view` and the DDL functions return SQL text.
 
@@ -26,29 +38,34 @@ it is treellm's; a name that holds anything else is refused, never replaced.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 from treellm.errors import ConfigError
-from treellm.store.views import clickhouse_query
+from treellm.store.views import VIEWS, duckdb_views
 
 __all__ = [
-    "DEFAULT_TABLE", "DERIVED_SPANS", "DERIVED_TRACES", "EVENT_COLUMNS", "OTEL_TRACES_DDL", "SCHEMA_VERSION",
-    "SPANS_TABLE_COLUMNS", "TABLE_NAMES", "VIEW_NAMES", "Column", "check_names", "clickhouse_type", "create_view",
-    "derived_spans_ddl", "derived_traces_ddl", "is_marked", "marker", "view_queries",
+    "DEFAULT_TABLE", "DERIVED_SPANS", "DERIVED_TRACES", "DERIVED_VIEWS", "EVENT_COLUMNS", "OTEL_TRACES_DDL",
+    "SCHEMA_VERSION", "SPANS_TABLE_COLUMNS", "TABLE_NAMES", "VIEW_NAMES", "Column", "check_names", "clickhouse_type",
+    "create_view", "derived_schema", "derived_spans_ddl", "derived_traces_ddl", "derived_view_ddl", "is_marked",
+    "marker", "TRACES_COLUMNS", "view_columns_wanted", "view_queries",
 ]  # fmt: skip
 
 DEFAULT_TABLE: Final = "otel_traces"
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 """The version of the SQL below, in each object's comment: bump it when the SQL changes."""
 DERIVED_SPANS: Final = "treellm_spans"
 DERIVED_TRACES: Final = "treellm_traces"
-TABLE_NAMES: Final = (DERIVED_SPANS, DERIVED_TRACES)
+DERIVED_VIEWS: Final = {view.name: f"treellm_{view.name}" for view in VIEWS}
+"""Each DuckDB view's table: its rows per trace, as ``treellm derive`` computed them."""
+TABLE_NAMES: Final = (DERIVED_SPANS, DERIVED_TRACES, *DERIVED_VIEWS.values())
 """treellm's tables in its database, created before the views."""
 
-VIEW_NAMES: Final = ("spans", "nodes", "tool_calls", "loop_events", "runs")
-"""In creation order: each view reads only the ones before it."""
+VIEW_NAMES: Final = ("spans", *DERIVED_VIEWS)
+"""The views over treellm's tables, each reading its own table and ``treellm_traces``."""
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SYSTEM_DATABASES: Final = frozenset({"system", "information_schema"})
 
@@ -113,9 +130,12 @@ _CLICKHOUSE_TYPES: Final = {
 
 def clickhouse_type(duckdb_type: str, *, nullable: bool) -> str:
     """The ClickHouse column type of a DuckDB column of the store (pure): scalars keep their width
-    and nullability, ``MAP(VARCHAR, VARCHAR)`` is a ``Map(String, String)`` (empty for NULL)."""
+    and nullability, ``MAP(VARCHAR, VARCHAR)`` is a ``Map(String, String)`` and a list an
+    ``Array`` (both empty for NULL)."""
     if duckdb_type == "MAP(VARCHAR, VARCHAR)":
         return "Map(String, String)"
+    if duckdb_type.endswith("[]"):  # a list: an Array (never Nullable in ClickHouse: empty for NULL)
+        return f"Array({clickhouse_type(duckdb_type[:-2], nullable=False)})"
     try:
         scalar = _CLICKHOUSE_TYPES[duckdb_type]
     except KeyError:
@@ -126,9 +146,9 @@ def clickhouse_type(duckdb_type: str, *, nullable: bool) -> str:
 Column = tuple[str, str, bool]
 """A column of the store's ``spans`` table: (name, DuckDB type, nullable), as ``DESCRIBE spans`` says."""
 
-# What a derived span row carries beyond the store's ``spans`` columns: its events (the loop
-# events' view reads them as arrays, one pass, no join) and the version that ReplacingMergeTree
-# keeps the newest of (the derive pass's start, ns).
+# What a derived span row carries beyond the store's ``spans`` columns: its events as arrays
+# (the spans view shows them beside the span) and the version of the pass that wrote it (the
+# derive pass's start, ns).
 EVENT_COLUMNS: Final = (
     ("event_names", "Array(String)"), ("event_times", "Array(DateTime64(9))"),
     ("event_attributes", "Array(Map(String, String))"),
@@ -138,7 +158,7 @@ EVENT_COLUMNS: Final = (
 def derived_spans_ddl(database: str, columns: Sequence[Column]) -> str:
     """``CREATE TABLE IF NOT EXISTS`` of ``database.treellm_spans``: one row per span with the
     columns of the store's ``spans`` table (``columns``, read from DuckDB: the one definition),
-    its events, and ``version``; the newest version of a (trace, span) wins (pure)."""
+    its events, and ``version``; merges keep the newest version of a (trace, span) (pure)."""
     body = [f"`{name}` {clickhouse_type(kind, nullable=nullable)}" for name, kind, nullable in columns]
     body += [f"`{name}` {kind}" for name, kind in EVENT_COLUMNS]
     body.append("`version` UInt64")
@@ -150,24 +170,62 @@ def derived_spans_ddl(database: str, columns: Sequence[Column]) -> str:
     )
 
 
+TRACES_COLUMNS: Final = (
+    ("trace_id", "String"), ("spans", "UInt64"), ("last_ns", "Int64"), ("derived_ns", "Int64"), ("shard", "String"),
+    ("version", "UInt64"), ("schema", "String"),
+)  # fmt: skip
+
+
 def derived_traces_ddl(database: str) -> str:
     """``CREATE TABLE IF NOT EXISTS`` of ``database.treellm_traces``: per trace, how many distinct
     spans the spans table held when it was derived (a trace whose count has changed since is
-    derived again), its last span end, the worker's shard and when; the newest version wins (pure)."""
+    derived again), its last span end, the worker's shard and when, the schema it was derived
+    under (:func:`derived_schema`); the newest version wins (pure)."""
+    body = ",\n    ".join(f"{name} {kind}" for name, kind in TRACES_COLUMNS)
     return (
-        f"CREATE TABLE IF NOT EXISTS {database}.{DERIVED_TRACES} (\n"
-        "    trace_id String,\n    spans UInt64,\n    last_ns Int64,\n    derived_ns Int64,\n"
-        "    shard String,\n    version UInt64\n)\n"
+        f"CREATE TABLE IF NOT EXISTS {database}.{DERIVED_TRACES} (\n    {body}\n)\n"
         "ENGINE = ReplacingMergeTree(version)\nORDER BY trace_id\n"
         f"COMMENT '{marker('table')}'"
     )
 
 
-def _spans(database: str, columns: Sequence[Column]) -> str:
-    names = ", ".join(f"`{name}`" for name, _, _ in columns)
+ROW_COLUMNS: Final = (("row", "UInt32"), ("version", "UInt64"), ("is_deleted", "UInt8"))
+"""What a row of a view's table carries beyond the view's columns: its number within its trace
+(with the trace, the key that merges replace), the version of the pass that wrote it, and
+whether it deletes the row of that number (a trace derived again into fewer rows)."""
+
+
+def view_columns_wanted(columns: Sequence[Column]) -> list[tuple[str, str]]:
+    """The ClickHouse columns of a view's table, given the DuckDB view's ``columns`` (pure):
+    ``trace_id`` is the key (never NULL), every other column nullable as the view's values are."""
+    kinds = [(n, "String" if n == "trace_id" else clickhouse_type(k, nullable=True)) for n, k, _ in columns]
+    return [*kinds, *ROW_COLUMNS]
+
+
+def derived_view_ddl(database: str, view: str, columns: Sequence[Column]) -> str:
+    """``CREATE TABLE IF NOT EXISTS`` of the table of the DuckDB view ``view``: its ``columns``
+    (read from DuckDB: the one definition), each row's number in its trace and ``version`` (pure)."""
+    body = ",\n    ".join(f"`{name}` {kind}" for name, kind in view_columns_wanted(columns))
+    return (
+        f"CREATE TABLE IF NOT EXISTS {database}.{DERIVED_VIEWS[view]} (\n    {body}\n)\n"
+        "ENGINE = ReplacingMergeTree(version, is_deleted)\nORDER BY (trace_id, row)\n"
+        f"COMMENT '{marker('table')}'"
+    )
+
+
+def derived_schema(spans: Sequence[Column], views: Mapping[str, Sequence[Column]]) -> str:
+    """What a trace is derived under: a digest of the store's ``spans`` columns, its views'
+    columns and their SQL (pure). ``treellm_traces`` records it per trace; a trace recorded under
+    another digest (an upgrade that changed a view) is derived again."""
+    text = json.dumps([list(spans), {k: list(v) for k, v in sorted(views.items())}, duckdb_views()])
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def _select(database: str, table: str, names: Sequence[str]) -> str:
+    quoted = ", ".join(f"`{name}`" for name in names)
     return f"""
-SELECT {names}, event_names, event_times, event_attributes
-FROM {database}.{DERIVED_SPANS} FINAL
+SELECT {quoted}
+FROM {database}.{table} FINAL
 """
 
 
@@ -197,13 +255,19 @@ def is_marked(comment: str, kind: str) -> bool:
     return re.fullmatch(rf"treellm:{re.escape(kind)}:\d+", comment.strip()) is not None
 
 
-def view_queries(table: str, database: str, columns: Sequence[Column]) -> dict[str, str]:
+def view_queries(
+    table: str, database: str, columns: Sequence[Column], views: Mapping[str, Sequence[Column]]
+) -> dict[str, str]:
     """The SELECT of each of treellm's views, by name in :data:`VIEW_NAMES` order: the views in
-    ``database`` over its derived tables (``columns``: the store's ``spans`` columns), every name
-    qualified; ``table`` (the spans table they were derived from) is checked, not read."""
+    ``database`` over its tables (``columns``: the store's ``spans`` columns; ``views``: each
+    DuckDB view's), every name qualified; ``table`` (the spans table they were derived from) is
+    checked, not read."""
     check_names(table, database)
-    derived = (clickhouse_query(name, database) for name in VIEW_NAMES[1:])
-    return dict(zip(VIEW_NAMES, (_spans(database, columns), *derived), strict=True))
+    spans = [name for name, _, _ in columns] + [name for name, _ in EVENT_COLUMNS]
+    queries = {"spans": _select(database, DERIVED_SPANS, spans)}
+    for view, table_name in DERIVED_VIEWS.items():
+        queries[view] = _select(database, table_name, [name for name, _, _ in views[view]])
+    return queries
 
 
 def create_view(database: str, name: str, query: str, *, replace: bool) -> str:

@@ -1,47 +1,41 @@
 """The views, written once: each view's columns and what it reads, from which the DuckDB store's
-and ClickHouse's SQL are generated.
+views are generated, and through them ClickHouse's tables.
 
 Contract:
 
-- :data:`VIEWS` lists ``nodes``, ``tool_calls``, ``loop_events`` and ``runs`` in creation order
-  (each reads only the ones before it). A :class:`View` is its columns, in order, and the rest
-  of its query: what it reads (``source``: ``FROM ... WHERE ...``) and the common table
-  expressions before it (``head``). A :class:`Column` is its name and its expression, with the
-  ClickHouse expression beside it where the dialects differ (``CASE`` against ``multiIf``, a
-  map lookup that reads NULL for a missing key, the event arrays of a span row).
-- ``{db}`` in a text is where the views' own database goes: nothing in DuckDB, ``<database>.``
-  in ClickHouse, where every name is qualified.
+- :data:`VIEWS` lists ``nodes``, ``tool_calls``, ``loop_events``, ``runs``, ``run_shapes``,
+  ``repeat_outcomes`` and ``repeat_between`` in creation order (each reads only the ones before it). Each view's rows of
+  a trace depend on that trace's spans alone (a run lies in one trace). A :class:`View` is its
+  columns, in order, and the rest of its query: what it reads (``source``: ``FROM ... WHERE
+  ...``) and the common table expressions before it (``head``). A :class:`Column` is its name
+  and its expression.
 - :func:`duckdb_views` is the DDL of the DuckDB store (``schema.VIEWS``: ``CREATE OR REPLACE VIEW``,
-  or ``TEMP`` views for a reader of a store that holds another version);
-  :func:`clickhouse_query` is the SELECT of one view in ClickHouse (``clickhouse_views.py``
-  wraps it in its DDL). A column added to a view is one :class:`Column` here, for both.
-- Pure: text in, text out. ``tests/test_clickhouse*.py`` check the two dialects give equal rows.
+  or ``TEMP`` views for a reader of a store that holds another version).
+- ClickHouse runs no copy of them: ``treellm derive`` computes the views' rows of each trace in
+  DuckDB and writes them into one table per view (``clickhouse_views.py``), whose columns and
+  types it reads from these views. A column added to a view is one :class:`Column` here.
+- Pure: text in, text out.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final
 
-__all__ = ["VIEWS", "Column", "View", "clickhouse_query", "duckdb_views"]
+__all__ = ["CALLS_SQL", "VIEWS", "Column", "View", "duckdb_views"]
 
-Dialect = Literal["duckdb", "clickhouse"]
 _QUOTED: Final = frozenset({"limit"})
-"""Column names that are keywords: quoted as the dialect quotes names."""
+"""Column names that are keywords: quoted."""
 
 
 @dataclass(frozen=True, slots=True)
 class Column:
     name: str
     expression: str
-    clickhouse: str | None = None
-    """ClickHouse's expression when it is not :attr:`expression`."""
 
-    def text(self, dialect: Dialect) -> str:
-        expression = self.clickhouse if dialect == "clickhouse" and self.clickhouse is not None else self.expression
-        quote = "`" if dialect == "clickhouse" else '"'
-        name = f"{quote}{self.name}{quote}" if self.name in _QUOTED else self.name
-        return f"{expression} AS {name}"
+    def text(self) -> str:
+        name = f'"{self.name}"' if self.name in _QUOTED else self.name
+        return f"{self.expression} AS {name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,17 +43,12 @@ class View:
     name: str
     columns: tuple[Column, ...]
     source: str
-    clickhouse_source: str | None = None
     head: str = ""
-    clickhouse_head: str | None = None
 
-    def query(self, dialect: Dialect, db: str) -> str:
-        """The view's SELECT in ``dialect``, its own views read from ``db`` (``""`` or ``"name."``)."""
-        clickhouse = dialect == "clickhouse"
-        head = self.clickhouse_head if clickhouse and self.clickhouse_head is not None else self.head
-        source = self.clickhouse_source if clickhouse and self.clickhouse_source is not None else self.source
-        columns = ",\n    ".join(column.text(dialect) for column in self.columns)
-        return f"{head.format(db=db)}SELECT\n    {columns}\n{source.format(db=db)}".strip()
+    def query(self) -> str:
+        """The view's SELECT."""
+        columns = ",\n    ".join(column.text() for column in self.columns)
+        return f"{self.head}SELECT\n    {columns}\n{self.source}".strip()
 
 
 def _same(*names: str, alias: str = "s") -> tuple[Column, ...]:
@@ -69,16 +58,16 @@ def _same(*names: str, alias: str = "s") -> tuple[Column, ...]:
 
 def _event(name: str, key: str) -> Column:
     """An attribute of a ``loop:detected`` event: NULL when the event does not carry it."""
-    return Column(name, f"e.attributes['{key}']", f"if(mapContains(ea, '{key}'), ea['{key}'], NULL)")
+    return Column(name, f"e.attributes['{key}']")
 
 
 def _event_integer(name: str, key: str) -> Column:
     """An integer attribute of a ``loop:detected`` event: NULL when missing or not an integer."""
-    return Column(name, f"TRY_CAST(e.attributes['{key}'] AS INTEGER)", f"toInt32OrNull(ea['{key}'])")
+    return Column(name, f"TRY_CAST(e.attributes['{key}'] AS INTEGER)")
 
 
 _STATUS_FAILED: Final = "s.status_code = 2 OR s.node_status = 'failed'"
-_TOOL_SPANS: Final = """FROM {db}spans s
+_TOOL_SPANS: Final = """FROM spans s
 WHERE s.tool_name IS NOT NULL AND (s.operation = 'execute_tool' OR s.node_kind = 'tool')"""
 
 NODES: Final = View(
@@ -89,14 +78,12 @@ NODES: Final = View(
         Column(
             "kind",
             "coalesce(s.node_kind, CASE s.operation WHEN 'execute_tool' THEN 'tool' WHEN 'chat' THEN 'think' END)",
-            "coalesce(s.node_kind, multiIf(s.operation = 'execute_tool', 'tool', s.operation = 'chat', 'think', NULL))",
         ),
         Column("depth", "s.node_depth"),
         Column("parent_id", "s.node_parent_id"),
         Column(
             "status",
             "coalesce(s.node_status, CASE WHEN s.status_code = 2 THEN 'failed' ELSE 'completed' END)",
-            "coalesce(s.node_status, if(s.status_code = 2, 'failed', 'completed'))",
         ),
         Column("tool", "s.tool_name"),
         *_same("signature", "ordinal"),
@@ -104,7 +91,7 @@ NODES: Final = View(
         *_same("limit_source", "result_hash", "attempts", "shadow_caught", "skill_stack", "start_ns", "end_ns"),
         *_same("service_name", "agent_name", "model", "day", "source"),
     ),
-    """FROM {db}spans s
+    """FROM spans s
 WHERE s.node_kind IS NOT NULL OR s.operation IN ('execute_tool', 'chat')""",
 )
 """treellm's node spans and other frameworks' tool and chat spans."""
@@ -125,7 +112,6 @@ TOOL_CALLS: Final = View(
         Column(
             "status",
             f"CASE WHEN {_STATUS_FAILED} THEN 'failed' ELSE 'completed' END",
-            f"if({_STATUS_FAILED}, 'failed', 'completed')",
         ),
         *_same("arguments", "result", "start_ns", "end_ns"),
         Column("duration_ns", "(s.end_ns - s.start_ns)"),
@@ -134,6 +120,7 @@ TOOL_CALLS: Final = View(
         Column("convention", "s.convention"),
         Column("orphan", "s.orphan_parent IS NOT NULL"),
         Column("path_position", "row_number() OVER (PARTITION BY s.run_id ORDER BY s.start_ns, s.span_id)"),
+        *_same("scope_name", "repeat_chain"),
     ),
     _TOOL_SPANS,
 )
@@ -143,48 +130,39 @@ LOOP_EVENTS: Final = View(
     "loop_events",
     (
         Column("run_id", "s.run_id"),
-        Column("trace_id", "e.trace_id", "s.trace_id"),
-        Column("span_id", "e.span_id", "s.span_id"),
+        Column("trace_id", "e.trace_id"),
+        Column("span_id", "e.span_id"),
         Column(
             "node_id",
             "coalesce(e.attributes['treellm.node.id'], s.node_id, "
             "CASE WHEN s.node_kind IS NOT NULL THEN s.span_id END, s.anchor_node_id)",
-            "coalesce(if(mapContains(ea, 'treellm.node.id'), ea['treellm.node.id'], NULL), s.node_id, "
-            "if(s.node_kind IS NOT NULL, s.span_id, NULL), s.anchor_node_id)",
         ),
-        Column("time_ns", "e.time_ns", "toInt64(toUnixTimestamp64Nano(et))"),
+        Column("time_ns", "e.time_ns"),
         _event("tool", "treellm.loop.tool"),
         _event("signature", "treellm.loop.signature"),
         _event("call_id", "treellm.loop.call_id"),
         Column(
             "count",
             "TRY_CAST(e.attributes['treellm.loop.count'] AS INTEGER)",
-            "toInt32OrNull(ea['treellm.loop.count'])",
         ),
         Column(
             "limit",
             "TRY_CAST(e.attributes['treellm.loop.limit'] AS INTEGER)",
-            "toInt32OrNull(ea['treellm.loop.limit'])",
         ),
         _event("limit_source", "treellm.loop.limit_source"),
         _event("action", "treellm.loop.action"),
         Column(
             "shadow",
             "coalesce(TRY_CAST(e.attributes['treellm.loop.shadow'] AS BOOLEAN), false)",
-            "ea['treellm.loop.shadow'] = 'true'",
         ),
         _event("arguments", "treellm.loop.arguments"),
         _event("earlier_node_ids_raw", "treellm.loop.earlier_node_ids"),
         _event("earlier_span_ids_raw", "treellm.loop.earlier_span_ids"),
         *_same("service_name", "agent_name", "model", "day", "skill_stack"),
     ),
-    """FROM {db}span_events e
-JOIN {db}spans s USING (trace_id, span_id)
+    """FROM span_events e
+JOIN spans s USING (trace_id, span_id)
 WHERE e.name = 'loop:detected'""",
-    # ClickHouse: the events are arrays on the span row (Nested): one pass, no join back to the span.
-    """FROM {db}spans s
-ARRAY JOIN s.event_names AS en, s.event_times AS et, s.event_attributes AS ea
-WHERE en = 'loop:detected'""",
 )
 """The caught calls: one row per ``loop:detected`` event."""
 
@@ -208,7 +186,6 @@ RUNS: Final = View(
         Column(
             "outcome",
             "coalesce(r.outcome, CASE WHEN r.status_code = 2 THEN 'failed' ELSE 'completed' END)",
-            "coalesce(r.outcome, if(r.status_code = 2, 'failed', 'completed'))",
         ),
         Column("guard", "coalesce(r.attributes['treellm.run.guard'] = 'true', false)"),
         Column("source", "r.source"),
@@ -216,12 +193,8 @@ RUNS: Final = View(
     """FROM run_spans r
 LEFT JOIN node_counts c USING (run_id)
 LEFT JOIN prunes p USING (run_id)""",
-    """FROM run_spans r
-LEFT JOIN node_counts c USING (run_id)
-LEFT JOIN prunes p USING (run_id)
-SETTINGS join_use_nulls = 1""",
     head="""WITH run_spans AS (
-    SELECT * FROM {db}spans
+    SELECT * FROM spans
     WHERE run_id IS NOT NULL AND skill_name IS NULL
       AND (span_id = split_part(run_id, ':', 2)
            OR (convention IS NULL AND operation = 'invoke_agent' AND node_id IS NULL))
@@ -233,48 +206,184 @@ node_counts AS (
         count(*) FILTER (WHERE kind = 'collapse') AS collapse_nodes,
         max(depth) AS max_depth,
         any_value(model) FILTER (WHERE model IS NOT NULL) AS node_model
-    FROM {db}nodes GROUP BY run_id
+    FROM nodes GROUP BY run_id
 ),
 prunes AS (
     SELECT run_id,
         count(*) FILTER (WHERE NOT shadow) AS pruned_calls,
         count(*) FILTER (WHERE shadow) AS shadow_catches
-    FROM {db}loop_events GROUP BY run_id
-)
-""",
-    clickhouse_head="""WITH run_spans AS (
-    SELECT * FROM {db}spans
-    WHERE run_id IS NOT NULL AND skill_name IS NULL
-      AND (span_id = splitByChar(':', assumeNotNull(run_id))[2]
-           OR (convention IS NULL AND operation = 'invoke_agent' AND node_id IS NULL))
-),
-node_counts AS (
-    SELECT run_id,
-        countIf(kind = 'think') AS think_nodes, countIf(kind = 'tool') AS tool_nodes,
-        countIf(kind = 'collapse') AS collapse_nodes, max(depth) AS max_depth,
-        any(model) AS node_model
-    FROM {db}nodes GROUP BY run_id
-),
-prunes AS (
-    SELECT run_id, countIf(NOT shadow) AS pruned_calls, countIf(shadow) AS shadow_catches
-    FROM {db}loop_events GROUP BY run_id
+    FROM loop_events GROUP BY run_id
 )
 """,
 )
 """One row per run: treellm's root ``invoke_agent`` span, or for other frameworks the outermost
 agent span, else the trace root (``run_id`` says which)."""
 
-VIEWS: Final = (NODES, TOOL_CALLS, LOOP_EVENTS, RUNS)
+CALLS_SQL: Final = """
+SELECT run_id, node_id, parent_id, tool, signature, ordinal, "limit", limit_source, result_hash, shadow_caught,
+       status, arguments, result, start_ns, end_ns, duration_ns, earlier_node_ids, trace_id, span_id, call_id,
+       convention, scope_name, repeat_chain
+FROM tool_calls
+WHERE run_id IS NOT NULL AND NOT internal
+"""
+"""The executed calls the analysis counts: ``tool_calls`` without framework-internal tools
+(smolagents' ``final_answer``...) and calls outside any run. ``path_position`` is not selected,
+so its window is not computed."""
+
+RUN_SHAPES: Final = View(
+    "run_shapes",
+    (
+        *_same("run_id", "trace_id", alias="r"),
+        Column("max_breadth", "coalesce(b.max_breadth, 0)"),
+        Column("breadth_per_depth", "coalesce(b.breadth_per_depth, [])"),
+        Column("branching_factor", "coalesce(f.branching_factor, 0)"),
+        Column("leaves", "coalesce(l.leaves, 0)"),
+    ),
+    """FROM runs r
+LEFT JOIN breadth b USING (run_id)
+LEFT JOIN fan f USING (run_id)
+LEFT JOIN leaves l USING (run_id)""",
+    head="""WITH n AS (SELECT run_id, node_id, parent_id, kind, depth FROM nodes WHERE run_id IS NOT NULL),
+children AS (SELECT run_id, parent_id, count(*) AS k FROM n WHERE parent_id IS NOT NULL GROUP BY ALL),
+leaves AS (
+    SELECT n.run_id, count(*) AS leaves FROM n
+    LEFT JOIN children c ON c.run_id = n.run_id AND c.parent_id = n.node_id
+    WHERE c.parent_id IS NULL GROUP BY n.run_id
+),
+breadth AS (
+    SELECT run_id, list(k ORDER BY depth) AS breadth_per_depth, max(k) AS max_breadth
+    FROM (SELECT run_id, depth, count(*) AS k FROM n WHERE kind = 'think' AND depth IS NOT NULL GROUP BY ALL)
+    GROUP BY run_id
+),
+fan AS (SELECT run_id, avg(k) AS branching_factor FROM children GROUP BY run_id)
+""",
+)
+"""Per run, the shape of its tree: the most ThinkNodes at one depth and the count at each depth,
+the mean children of a node with children, the leaves."""
+
+_JUDGED: Final = """run_id, trace_id, node_id, tool, ordinal, status, shadow_caught, duration_ns, result_chars,
+       start_ns, "limit", signature, arguments, all_differ, missing_result, last_status, last_earlier, has_earlier"""
+
+REPEAT_OUTCOMES: Final = View(
+    "repeat_outcomes",
+    (
+        *_same(
+            "run_id",
+            "trace_id",
+            "node_id",
+            "tool",
+            "ordinal",
+            "status",
+            "shadow_caught",
+            "duration_ns",
+            "result_chars",
+            "start_ns",
+            "limit",
+            "signature",
+            "arguments",
+            "all_differ",
+            "missing_result",
+            "last_status",
+            "last_earlier",
+            "has_earlier",
+            alias="j",
+        ),
+        Column(
+            "outcome",
+            """CASE WHEN j.status = 'failed' THEN 'wasted'
+            WHEN j.last_status = 'failed' THEN 'productive'
+            WHEN j.missing_result THEN 'unknown'
+            WHEN j.all_differ THEN 'productive'
+            ELSE 'wasted' END""",
+        ),
+        Column(
+            "productive",
+            "j.status = 'completed' AND (j.last_status = 'failed' OR (j.all_differ AND NOT j.missing_result))",
+        ),
+    ),
+    "FROM judged j",
+    head=f"""WITH calls AS ({CALLS_SQL}),
+reps AS (
+    SELECT c.*, from_json(coalesce(c.earlier_node_ids, '[]'), '["VARCHAR"]') AS earlier
+    FROM calls c WHERE c.ordinal >= 2 AND c.repeat_chain IS NULL
+),
+pairs AS (
+    SELECT r.run_id, r.node_id, e.result_hash AS e_hash, e.status AS e_status, e.node_id AS e_node,
+           list_position(r.earlier, u.eid) AS pos
+    FROM reps r CROSS JOIN unnest(r.earlier) AS u(eid)
+    JOIN calls e ON e.run_id = r.run_id AND e.node_id = u.eid
+),
+listed AS (
+    SELECT r.run_id, any_value(r.trace_id) AS trace_id, r.node_id, any_value(r.tool) AS tool,
+           any_value(r.ordinal) AS ordinal, any_value(r.status) AS status,
+           any_value(r.shadow_caught) AS shadow_caught, any_value(r.duration_ns) AS duration_ns,
+           any_value(length(r.result)) AS result_chars, any_value(r.start_ns) AS start_ns,
+           any_value(r."limit") AS "limit", any_value(r.signature) AS signature,
+           any_value(r.arguments) AS arguments,
+           coalesce(bool_and(p.e_hash IS DISTINCT FROM r.result_hash), true) AS all_differ,
+           any_value(r.result_hash) IS NULL OR coalesce(bool_or(p.e_hash IS NULL), false) AS missing_result,
+           arg_max(p.e_status, p.pos) AS last_status,
+           arg_max(p.e_node, p.pos) AS last_earlier,
+           arg_max(p.pos, p.pos) IS NOT NULL AS has_earlier
+    FROM reps r LEFT JOIN pairs p USING (run_id, node_id)
+    GROUP BY r.run_id, r.node_id
+),
+chains AS (
+    SELECT c.run_id, c.node_id, c.repeat_chain, c.ordinal, c.status, c.result_hash,
+           min(CASE WHEN c.result_hash IS NULL THEN c.ordinal END)
+               OVER (PARTITION BY c.run_id, c.repeat_chain) AS first_missing,
+           min(c.ordinal) OVER (PARTITION BY c.run_id, c.repeat_chain, c.result_hash) AS first_same
+    FROM calls c
+    WHERE c.repeat_chain IS NOT NULL
+      AND c.run_id IN (SELECT run_id FROM calls WHERE ordinal >= 2 AND repeat_chain IS NOT NULL)
+),
+chained AS (
+    SELECT r.run_id, r.trace_id, r.node_id, r.tool, r.ordinal, r.status, r.shadow_caught, r.duration_ns,
+           length(r.result) AS result_chars, r.start_ns, r."limit", r.signature, r.arguments,
+           k.first_same = r.ordinal AS all_differ,
+           r.result_hash IS NULL OR coalesce(k.first_missing < r.ordinal, false) AS missing_result,
+           e.status AS last_status, e.node_id AS last_earlier, e.node_id IS NOT NULL AS has_earlier
+    FROM calls r JOIN chains k ON k.run_id = r.run_id AND k.node_id = r.node_id
+    LEFT JOIN chains e ON e.run_id = r.run_id AND e.repeat_chain = r.repeat_chain AND e.ordinal = r.ordinal - 1
+    WHERE r.ordinal >= 2
+),
+judged AS (
+    SELECT {_JUDGED} FROM listed
+    UNION ALL
+    SELECT {_JUDGED} FROM chained
+)
+""",
+)
+"""Every executed repeat (ordinal >= 2) with its outcome, judged against the earlier identical
+calls that its count counted: for treellm's own calls those its ``earlier_node_ids`` name (its
+path in the tree, branches apart); for another framework's calls the calls of its
+``repeat_chain`` of lower ordinal (their paths have no branches: ``derive/trees.py``), by window
+functions, so a loop of k identical calls costs k rows, never k²/2 pairs. A repeat is wasted when
+it failed, or repeated an earlier result without a failure before it; productive when it
+followed a failure or brought a result none of its earlier calls had; unknown without results."""
+
+REPEAT_BETWEEN: Final = View(
+    "repeat_between",
+    (
+        *_same("run_id", "trace_id", "node_id", "tool", alias="k"),
+        Column("tools", "list(DISTINCT c.tool ORDER BY c.tool)"),
+    ),
+    """FROM repeat_outcomes k
+JOIN calls e ON e.run_id = k.run_id AND e.node_id = k.last_earlier
+JOIN calls c ON c.run_id = k.run_id AND c.start_ns > e.start_ns AND c.start_ns < k.start_ns
+            AND c.status = 'completed' AND c.signature IS DISTINCT FROM k.signature
+GROUP BY k.run_id, k.trace_id, k.node_id, k.tool""",
+    head=f"WITH calls AS ({CALLS_SQL})\n",
+)
+"""Per repeat with an earlier twin, the tools whose other calls succeeded between the twin and
+the repeat (its own tool included, when that tool made other calls: a tool that writes too);
+a repeat with none between has no row."""
+
+VIEWS: Final = (NODES, TOOL_CALLS, LOOP_EVENTS, RUNS, RUN_SHAPES, REPEAT_OUTCOMES, REPEAT_BETWEEN)
 
 
 def duckdb_views(*, temporary: bool = False) -> str:
     """The DDL of every view in the DuckDB store (``TEMP`` views: a reader's own, over a store
     that holds another version of them)."""
     verb = "CREATE OR REPLACE TEMP VIEW" if temporary else "CREATE OR REPLACE VIEW"
-    return "\n\n".join(f"{verb} {view.name} AS\n{view.query('duckdb', '')};" for view in VIEWS) + "\n"
-
-
-def clickhouse_query(name: str, database: str) -> str:
-    """The SELECT of the view ``name`` in ClickHouse, every name qualified with ``database``."""
-    view = next(v for v in VIEWS if v.name == name)
-    return view.query("clickhouse", f"{database}.")
+    return "\n\n".join(f"{verb} {view.name} AS\n{view.query()};" for view in VIEWS) + "\n"
