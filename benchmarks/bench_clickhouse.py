@@ -106,7 +106,11 @@ def main() -> None:
         try:
             spans = duck.execute("SELECT count(*) FROM spans").fetchone()[0]  # type: ignore[index]
             load_clickhouse(big, ch, spans)
-            if underived(ch):
+            if underived(ch):  # derive into fresh tables: each trace derived once, as a worker beside a
+                # Collector does (versions left by older runs would sit unmerged in chDB's parts)
+                ch.command(f"DROP DATABASE IF EXISTS {ch.database} SYNC")
+                ch.close()
+                ch = open_clickhouse(f"chdb:{folder / f'chdb-{args.spans}'}", create_table=True)
                 t0 = time.perf_counter()
                 passes = run_derive(ch, wait_s=0, once=True)
                 took = time.perf_counter() - t0
@@ -128,20 +132,20 @@ def main() -> None:
                 print(f"{name:26} {size_of(result):>12} {d_s:9.3f} {c_s:9.3f} {c_s / d_s:12.2f}")
             print("totals and report identical on both engines" if same else "DIFFERENT results: see test_clickhouse")
             if args.copies > 1:
-                scaled(ch, folder, spans, args.copies, args.repeats)
+                scaled(ch, f"chdb:{folder / f'chdb-{args.spans}'}", args.copies, args.repeats)
         finally:
             duck.close()
             ch.close()
 
 
-def scaled(ch: ClickHouseConnection, folder: Path, spans: int, copies: int, repeats: int) -> None:
+def scaled(ch: ClickHouseConnection, url: str, copies: int, repeats: int) -> None:
     """Time every function over ``copies`` copies of the derived tables (chDB alone)."""
     target = f"treellm_x{copies}"
     ch.command(f"CREATE DATABASE IF NOT EXISTS {target}")
     t0 = time.perf_counter()
     copy_derived(ch, target, copies)
     print(f"\ncopied treellm's derived tables {copies} times in {time.perf_counter() - t0:.1f} s")
-    big = open_clickhouse(f"chdb:{folder / f'chdb-{spans}'}", database=target)
+    big = open_clickhouse(url, database=target)
     rows = int(big.df("SELECT count() AS n FROM spans")["n"][0])
     print(f"{rows:,} spans, {int(big.df('SELECT count() AS n FROM runs')['n'][0]):,} runs in chDB ({target})")
     print(f"{'function':26} {'result':>12} {'chDB s':>9}")

@@ -44,7 +44,7 @@ from treellm.errors import ConfigError
 from treellm.shell import paths_overlap
 from treellm.signature import RawArguments, canonical_json, hash_text, parse_arguments
 
-__all__ = ["CallKey", "LimitSource", "LoopDecision", "LoopDetector", "PathSignatures", "Paths", "call_key"]
+__all__ = ["CallKey", "LimitSource", "LoopDecision", "LoopDetector", "PathSignatures", "Paths", "call_key", "key_of"]
 
 LimitSource = Literal["file", "tool", "default"]
 
@@ -66,7 +66,12 @@ class CallKey:
 
 def call_key(tool: str, arguments: object) -> CallKey:
     """The :class:`CallKey` of a call; ``arguments`` is text, bytes or a parsed value."""
-    value = parse_arguments(arguments)
+    return key_of(tool, parse_arguments(arguments))
+
+
+def key_of(tool: str, value: object) -> CallKey:
+    """The :class:`CallKey` of a call whose arguments are already parsed (``parse_arguments``'s
+    answer: a JSON value, a string included, or :class:`RawArguments`), never parsed again."""
     if isinstance(value, RawArguments):
         return CallKey(tool, value.text, raw=True)
     return CallKey(tool, canonical_json(value), raw=False)

@@ -87,7 +87,7 @@ from treellm.engine.tools import (
     tool_timeout,
 )
 from treellm.errors import ModelError
-from treellm.loop import CallKey, LoopDecision, PathSignatures
+from treellm.loop import CallKey, LoopDecision, PathSignatures, key_of
 from treellm.models.base import (
     ChatModel,
     Message,
@@ -100,7 +100,7 @@ from treellm.models.base import (
     arguments_text,
     assemble,
 )
-from treellm.signature import RawArguments, canonical_json, parse_arguments
+from treellm.signature import RawArguments, parse_arguments
 
 __all__ = ["BranchEnd", "Run", "SubTree", "tree_outcome"]
 
@@ -734,12 +734,6 @@ class Run:
 # -- pure helpers ---------------------------------------------------------------------
 
 
-def _key(tool: str, value: Any) -> CallKey:
-    if isinstance(value, RawArguments):
-        return CallKey(tool, value.text, raw=True)
-    return CallKey(tool, canonical_json(value), raw=False)
-
-
 def _read_arguments(call: ToolCall, config: TreeConfig) -> tuple[str, Any, CallKey, str | None]:
     """A call's raw text, parsed value, loop key and why its arguments were rejected (or None).
 
@@ -753,7 +747,7 @@ def _read_arguments(call: ToolCall, config: TreeConfig) -> tuple[str, Any, CallK
         return raw, shown, CallKey(call.name, raw, raw=True), problem
     raw = arguments_text(call.arguments)
     value = parse_arguments(call.arguments if isinstance(call.arguments, str) else dict(call.arguments))
-    return raw, value, _key(call.name, value), None
+    return raw, value, key_of(call.name, value), None
 
 
 def _handler_outcome(tree: SubTree, tool: str, value: object, attempts: int) -> _Outcome:

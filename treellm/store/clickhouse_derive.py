@@ -20,10 +20,12 @@ that DuckDB ingest runs, so ClickHouse reports what DuckDB reports for the same 
    validator (a bad span is skipped and counted), the conventions, runs and trees,
    signatures and ordinals with the state-change rule, the redaction of other frameworks'
    values.
-3. **Write.** The derived spans go into ``treellm_spans`` with the pass's ``version`` (a trace
-   derived again replaces its rows: ReplacingMergeTree keeps the newest), then the traces'
-   counts into ``treellm_traces``. A pass that stops half-way leaves traces whose counts
-   were not recorded: the next pass derives them again, and the newer version wins.
+3. **Write.** The derived spans go into ``treellm_spans`` and the rows of the DuckDB views
+   over them into one table per view, with the pass's ``version`` (a trace derived again
+   replaces its rows: ReplacingMergeTree keeps the newest, and row numbers its new derivation
+   no longer uses are deleted), then the traces' counts and schema into ``treellm_traces``. A
+   pass that stops half-way leaves traces whose counts were not recorded: the next pass
+   derives them again, and the newer version wins.
 
 ``treellm ingest --clickhouse`` writes files' spans into ``otel_traces`` and their derived rows
 with :func:`write_derived` from the same DuckDB ingest, so both roads end in the same tables.
@@ -178,8 +180,8 @@ def _lines(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, object]) 
 def write_derived(con: duckdb.DuckDBPyConnection, ch: ClickHouseConnection, traces: Sequence[str], version: int) -> int:
     """Write the DuckDB store's derived spans of ``traces`` into ``treellm_spans``, and the rows
     of its views over them into their tables, with ``version``; returns how many spans. ``con``
-    is a treellm store that ingest filled with every span of ``traces``. The traces' rows are
-    shown once :func:`record_traces` records ``version`` for them."""
+    is a treellm store that ingest filled with every span of ``traces``. The rows replace the
+    traces' earlier ones as they are written; :func:`record_traces` then marks them derived."""
     con.execute("CREATE OR REPLACE TEMP TABLE chosen (trace_id VARCHAR)")
     con.executemany("INSERT INTO chosen VALUES (?)", [[t] for t in traces])
     columns = [str(name) for (name, *_) in con.execute("DESCRIBE spans").fetchall()]
