@@ -44,8 +44,8 @@ FOREIGN = [ROOT / "tests" / "data" / "external", ROOT / "tests" / "data" / "fram
 
 FRAMES = [
     "prune_rate_by_tool", "prune_rate_by_model", "repeat_outcome_by_tool", "repeat_samples", "repeats",
-    "near_repeats", "near_repeats_by_tool", "tuning_by_tool", "what_if_by_tool_limit", "shape_by_run",
-    "shape_distribution", "runs_by_day", "cost_by_tool",
+    "identical_repeats_by_tool", "near_repeats", "near_repeats_by_tool", "tuning_by_tool", "what_if_by_tool_limit",
+    "shape_by_run", "shape_distribution", "runs_by_day", "cost_by_tool",
 ]  # fmt: skip
 
 
@@ -145,6 +145,26 @@ def test_filters_become_typed_parameters_with_the_same_answer(samples: tuple[Any
         assert A.totals(ch, f) == A.totals(duck, f)
         assert normalised(A.repeat_samples(ch, f)) == normalised(A.repeat_samples(duck, f))
         assert normalised(A.shape_by_run(ch, f)) == normalised(A.shape_by_run(duck, f))
+
+
+def _ordered(frame: pd.DataFrame) -> list[tuple[Any, ...]]:
+    return [tuple(_value(v) for v in row) for row in frame.itertuples(index=False, name=None)]
+
+
+@pytest.mark.parametrize("data", ["samples", "foreign"])
+def test_judgements_kept_by_derive_are_what_duckdb_judges_in_its_order(
+    data: str, request: pytest.FixtureRequest
+) -> None:
+    duck, ch, *_ = request.getfixturevalue(data)
+    kept = ch.df("SELECT count() AS n FROM identical_repeats")["n"][0]
+    assert kept == len(A.repeats(duck)) > 0  # read from the derived table, not judged again
+    assert ch.df("SELECT count() AS n FROM near_pairs")["n"][0] == len(A.near_repeats(duck)) > 0
+    tool = A.repeats(duck)["tool"].value_counts().index[0]
+    for f in (None, A.Filters(tool=tool), A.Filters(since=dt.datetime(2000, 1, 1)), A.Filters(service="none")):
+        for name in ("repeats", "near_repeats", "identical_repeats_by_tool", "near_repeats_by_tool"):
+            got, expected = getattr(A, name)(ch, f), getattr(A, name)(duck, f)
+            assert list(got.columns) == list(expected.columns) and _ordered(got) == _ordered(expected), (name, f)
+    assert set(A.repeats(duck, A.Filters(tool=tool))["tool"]) == {tool}
 
 
 def test_report_and_tune_commands_over_clickhouse_print_what_duckdb_prints(

@@ -1,300 +1,106 @@
 """Near repeats and paging: consecutive calls of one tool on one path that are close.
 
-The seed's honest limitation: exact signatures miss an agent that rephrases a query or
-bumps ``limit: 9`` to ``limit: 10``. This finds such pairs among *consecutive* calls of
-the same tool in the same run (blocked by run and tool, so it is linear in the calls;
-calls of one turn are parallel, not repeats of each other, and are not paired). The
-definitions (``docs/architecture.md``):
-
-- **paging**: the same resource, only a position moving on (``offset``, ``page``,
-  ``cursor``, ``start``...; for shell commands the line range of ``sed -n``, ``head``,
-  ``tail``, ``awk NR``) with a new result. A window that comes back with the same result
-  is not progress: it is a near repeat.
-- **near repeat**: the same resource (same path, identifier, date...) asked again in
-  other words or with a widened query. Kinds: ``number_step`` (one non-position number
-  moved by a small step), ``string_similar`` (one free-text value nearly equal),
-  ``key_added`` / ``key_dropped``, ``reworded`` (a shell command on the same files with
-  another pattern or more flags), ``window_widened`` (a line window of the same file that
-  overlaps the previous one by at least half of the smaller: the same lines again).
-- **different question**: a different file, identifier, date or id is never a near
-  repeat, however alike the text looks (``2024-05-15`` vs ``2024-05-17``).
-
-Arguments are compared structurally: JSON objects key by key; shell tools' commands are
-parsed (:mod:`treellm.shell`). A near repeat is *wasted* when its result equals the
-earlier call's. Needs captured arguments (capture ``redacted`` or ``full``).
+The rule (``paging``, the near kinds, a different question) is :mod:`treellm.derive.near`:
+pure, over a run's calls. Here it is read from a store: over DuckDB it pairs the calls at
+query time; ClickHouse keeps the pairs ``treellm derive`` found per trace with the same rule
+(the ``near_pairs`` view) for the default similarity and shell tools. A near repeat is
+*wasted* when its result equals the earlier call's. Needs captured arguments (capture
+``redacted`` or ``full``).
 """
 
 from __future__ import annotations
 
-import difflib
-import re
-import shlex
 from collections import defaultdict
 from typing import Any, Final
 
-import orjson
 import pandas as pd
 
 from treellm.analysis.filters import Filters
-from treellm.analysis.measures import CALLS_SQL
-from treellm.shell import DEFAULT_SHELL_TOOLS, LineWindow, command_text, line_window
+from treellm.derive.near import NEAR_KINDS, PAIR_COLUMNS, classify_commands, classify_pair, near_pairs
+from treellm.shell import DEFAULT_SHELL_TOOLS
 from treellm.store.backend import StoreConnection, as_connection
+from treellm.store.views import NEAR_CALLS_SQL
 
 __all__ = ["classify_commands", "classify_pair", "near_repeat_pairs", "near_repeats", "near_repeats_by_tool"]
 
-PAGING_KEYS = frozenset(
-    {"offset", "page", "start", "start_line", "line", "from", "cursor", "skip", "page_number", "after", "begin",
-     "page_token", "next_token", "start_index", "view_range"}
-)  # fmt: skip
-TEXT_KEYS = frozenset(
-    {"query", "q", "search", "search_query", "text", "pattern", "question", "prompt", "keyword", "keywords", "term",
-     "terms", "message", "content", "description", "instructions", "regex", "input"}
-)  # fmt: skip
-NEAR_KINDS: Final = ("number_step", "string_similar", "key_added", "key_dropped", "reworded", "window_widened")
-_PUNCT = re.compile(r"[^\w\s]")
-_SPACE = re.compile(r"\s+")
-_DATE = re.compile(r"\d{4}-\d{2}-\d{2}|\d{1,2}/\d{1,2}/\d{2,4}")
-_PATHLIKE = re.compile(r"[/\\]|\.[A-Za-z0-9]{1,6}$|::")
-
-
-def _normal(text: str) -> str:
-    return _SPACE.sub(" ", _PUNCT.sub(" ", text.lower())).strip()
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _identity_like(key: str, value: Any) -> bool:
-    """A value that names *what* is asked about (an id, a path, a date, a code), compared
-    exactly: free text under a text key, or any text with spaces, is not one."""
-    if not isinstance(value, str) or key.lower() in TEXT_KEYS:
-        return False
-    if _DATE.search(value) or _PATHLIKE.search(value):
-        return True
-    return " " not in value.strip() and any(ch.isdigit() for ch in value)
-
-
-def _similar(a: str, b: str, similarity: float) -> bool:
-    x, y = _normal(a), _normal(b)
-    if x == y or (min(len(x), len(y)) >= 3 and (x in y or y in x)):
-        return True
-    if min(len(x), len(y)) < 0.5 * max(len(x), len(y), 1):
-        return False
-    matcher = difflib.SequenceMatcher(None, x, y)
-    return (
-        matcher.real_quick_ratio() >= similarity
-        and matcher.quick_ratio() >= similarity
-        and (matcher.ratio() >= similarity)
-    )
-
-
-def classify_pair(before: Any, after: Any, *, similarity: float = 0.85) -> str | None:
-    """How two argument objects are close: ``"paging"``, a near-repeat kind, or None (not
-    close, or a different question: an identifier, path or date changed)."""
-    if not isinstance(before, dict) or not isinstance(after, dict) or before == after:
-        return None
-    keys_before, keys_after = set(before), set(after)
-    common = keys_before & keys_after
-    if any(before[k] != after[k] and (_identity_like(k, before[k]) or _identity_like(k, after[k])) for k in common):
-        return None  # another file, id or date: a different question
-    if keys_before != keys_after:
-        if len(keys_before ^ keys_after) != 1 or any(before[k] != after[k] for k in common):
-            return None
-        return "key_added" if len(keys_after) > len(keys_before) else "key_dropped"
-    changed = [k for k in before if before[k] != after[k]]
-    if changed and all(k.lower() in PAGING_KEYS or k.lower() in {"limit", "count", "size", "end", "end_line"}
-                       for k in changed) and any(k.lower() in PAGING_KEYS for k in changed):  # fmt: skip
-        return "paging"
-    if len(changed) != 1:
-        return None
-    key = changed[0]
-    old, new = before[key], after[key]
-    if _number(old) and _number(new):
-        return "number_step" if abs(new - old) <= max(1.0, 0.1 * abs(old)) else None
-    if isinstance(old, str) and isinstance(new, str) and _similar(old, new, similarity):
-        return "string_similar"
-    return None
-
-
-# -- shell commands ---------------------------------------------------------------------------
-
-_SUBCOMMANDS = frozenset({"git", "pip", "python", "python3", "npm", "cargo", "go", "uv", "poetry", "conda"})
-
-
-def _words(command: str) -> list[str] | None:
-    try:
-        return shlex.split(command, comments=False, posix=True)
-    except ValueError:
-        return None
-
-
-def _program(words: list[str]) -> tuple[str, ...]:
-    if not words:
-        return ()
-    head = words[0].rsplit("/", 1)[-1]
-    if head in _SUBCOMMANDS and len(words) > 1:
-        second = words[1]
-        if second in ("-m", "-c") and len(words) > 2:
-            return head, second, words[2] if second == "-m" else ""
-        return head, second if not second.startswith("-") else ""
-    return (head,)
-
-
-def _paths(words: list[str]) -> frozenset[str]:
-    return frozenset(w for w in words[1:] if not w.startswith("-") and _PATHLIKE.search(w) and "\n" not in w)
-
-
-_SEARCH_PROGRAMS = frozenset({"grep", "egrep", "fgrep", "rg", "ag", "ack", "find", "fd", "locate"})
-_CHAIN = re.compile(r"\s*(?:&&|\|\||;|\n)\s*")
-
-
-def _main_command(command: str) -> str:
-    """The part of a ``&&``/``;`` list that asks the question: the last part that is not a
-    bare ``cd`` (``cd /repo && grep -n x f`` asks what ``grep -n x f`` asks)."""
-    parts = [p for p in _CHAIN.split(command.strip()) if p and not re.fullmatch(r"cd\s+\S+", p)]
-    return parts[-1] if parts else command
-
-
-def _mostly_shown(first: LineWindow, second: LineWindow) -> bool:
-    """Whether two windows of one file overlap by at least half of the smaller one: the
-    same lines asked again, widened or narrowed, not the position moving on."""
-    if first.start < 0 or second.start < 0 or first.end is None or second.end is None:
-        return False
-    shared = min(first.end, second.end) - max(first.start, second.start) + 1
-    smaller = min(first.end - first.start, second.end - second.start) + 1
-    return shared > 0 and shared * 2 >= smaller
-
-
-def classify_commands(before: str, after: str, *, similarity: float = 0.85) -> str | None:
-    """How two shell commands of one tool are close: ``"paging"`` (the same file, another
-    line window), ``"reworded"`` (the same program on the same files asking the same thing
-    with flags added or dropped, or a search whose pattern was reworded), or None (another
-    program, other files, other code or data: a different question)."""
-    if before == after:
-        return None
-    first, second = line_window(before), line_window(after)
-    if first is not None and second is not None:
-        if first.resource != second.resource:
-            return None
-        return "window_widened" if _mostly_shown(first, second) else "paging"
-    a, b = _words(_main_command(before)), _words(_main_command(after))
-    if not a or not b or _program(a) != _program(b):
-        return None
-    paths_a, paths_b = _paths(a), _paths(b)
-    if paths_a != paths_b:
-        return None  # another file: a different question
-    rest_a = [w for w in a[1:] if w not in paths_a]
-    rest_b = [w for w in b[1:] if w not in paths_b]
-    terms_a = [w for w in rest_a if not w.startswith("-")]
-    terms_b = [w for w in rest_b if not w.startswith("-")]
-    if terms_a == terms_b:
-        return "reworded"  # the same question with flags added, dropped or changed
-    searching = _program(a)[0] in _SEARCH_PROGRAMS and terms_a and terms_b
-    if searching and _similar(" ".join(terms_a), " ".join(terms_b), similarity):
-        return "reworded"  # the same search, its pattern reworded or widened
-    return None
-
-
-def _shell_tool(tool: str, shell_tools: frozenset[str]) -> bool:
-    return tool in shell_tools
-
-
-# -- over a store -------------------------------------------------------------------------------
-
-
-def _load(con: StoreConnection, f: Filters) -> pd.DataFrame:
-    where, params = f.where("c")
-    return as_connection(con).df(
-        f"""SELECT c.run_id, c.tool, c.signature, c.arguments, c.result_hash, c.node_id, c.parent_id,
-                   c.trace_id, c.span_id, c.call_id
-            FROM ({CALLS_SQL}) c
-            WHERE {where} AND c.arguments IS NOT NULL
-            ORDER BY c.run_id, c.tool, c.start_ns, c.span_id""",
-        params,
-    )
-
-
-_PAIR_COLUMNS = [
-    "run_id", "tool", "kind", "detail", "same_result", "earlier_node_id", "node_id", "earlier_call_id", "call_id",
-    "earlier_span_id", "span_id", "trace_id", "earlier_arguments", "arguments",
-]  # fmt: skip
-
-
-def _classify(tool: str, before: Any, after: Any, shell_tools: frozenset[str], similarity: float) -> str | None:
-    if _shell_tool(tool, shell_tools):
-        first, second = command_text(before), command_text(after)
-        if first is not None and second is not None:
-            return classify_commands(first, second, similarity=similarity)
-    return classify_pair(before, after, similarity=similarity)
+DEFAULT_SIMILARITY: Final = 0.85
+_STORED_SQL: Final = (
+    f"SELECT {', '.join(f'c.{name}' for name in PAIR_COLUMNS)} FROM near_pairs c "
+    "WHERE {where} ORDER BY NOT (c.kind = 'near' AND c.same_result), c.run_id, c.seq"
+)
 
 
 def near_repeats(
     con: StoreConnection,
     filters: Filters | None = None,
     *,
-    similarity: float = 0.85,
+    similarity: float = DEFAULT_SIMILARITY,
     shell_tools: frozenset[str] | None = None,
 ) -> pd.DataFrame:
     """One row per close pair of consecutive calls of one tool in one run: both calls (node,
     call and span ids), ``kind`` (``near`` or ``paging``), ``detail`` (the near kind), and
     whether the later call returned the same result. Near repeats with the same result come
     first (the wasted ones), then the rest, in run order."""
-    shells = frozenset(DEFAULT_SHELL_TOOLS) if shell_tools is None else shell_tools
-    calls = _load(con, filters or Filters())
-    rows: list[tuple[Any, ...]] = []
-    previous: tuple[Any, ...] | None = None
-    parsed_previous: Any = None
+    engine = as_connection(con)
+    where, params = (filters or Filters()).where("c")
+    stored = similarity == DEFAULT_SIMILARITY and shell_tools in (None, frozenset(DEFAULT_SHELL_TOOLS))
+    if engine.dialect == "clickhouse" and stored:
+        frame = engine.df(_STORED_SQL.format(where=where), params)
+        frame = frame.astype(object).where(frame.notna(), None)
+        frame["same_result"] = frame["same_result"].astype(bool)
+        return frame.reset_index(drop=True)
+    calls = engine.df(NEAR_CALLS_SQL.format(where=where), params)
     # plain Python lists: iterating Arrow-backed columns row by row costs more than the rest
-    for row in zip(*(calls[column].tolist() for column in calls.columns), strict=True):
-        run_id, tool, sig, arguments, digest, node_id, parent_id, trace_id, span_id, call_id = row
-        try:
-            parsed = orjson.loads(arguments)
-        except orjson.JSONDecodeError:
-            parsed = arguments
-        same_turn = previous is not None and parent_id is not None and previous[6] == parent_id
-        if (
-            previous is not None
-            and previous[0] == run_id
-            and previous[1] == tool
-            and previous[2] != sig
-            and (not same_turn)
-        ):
-            detail = _classify(tool, parsed_previous, parsed, shells, similarity)
-            if detail is not None:
-                same_result = digest is not None and digest == previous[4]
-                kind = "paging" if detail == "paging" and not same_result else "near"
-                rows.append(
-                    (run_id, tool, kind, "window_repeated" if detail == "paging" and same_result else detail,
-                     same_result, previous[5], node_id, previous[9], call_id, previous[8], span_id, trace_id,
-                     previous[3], arguments)
-                )  # fmt: skip
-        previous, parsed_previous = row, parsed
-    frame = pd.DataFrame(rows, columns=_PAIR_COLUMNS)
+    rows = zip(*(calls[column].tolist() for column in calls.columns), strict=True)
+    frame = pd.DataFrame(near_pairs(rows, similarity=similarity, shell_tools=shell_tools), columns=PAIR_COLUMNS)
     if frame.empty:
         return frame
     frame["_rank"] = ~(frame["kind"].eq("near") & frame["same_result"])
     return frame.sort_values(["_rank", "run_id"], kind="stable", ignore_index=True).drop(columns="_rank")
 
 
+_COUNTS: Final = ", ".join(
+    f"countIf(c.kind = 'near' AND c.detail = '{kind}') AS {kind}" for kind in (*NEAR_KINDS, "window_repeated")
+)
+_BY_TOOL_SQL_CLICKHOUSE: Final = f"""
+SELECT c.tool AS tool, countIf(c.kind = 'near') AS near_repeats, countIf(c.kind = 'near' AND c.same_result) AS wasted,
+    {_COUNTS}, countIf(c.kind = 'paging') AS paging,
+    arrayMap(x -> x.4, groupArraySortedIf({{examples}})(
+        (NOT c.same_result, c.run_id, c.seq, concat(c.earlier_arguments, ' -> ', c.arguments)), c.kind = 'near'))
+        AS examples
+FROM near_pairs c
+WHERE {{where}}
+GROUP BY c.tool"""
+"""Per tool over ClickHouse's kept pairs, what the loop of :func:`near_repeats_by_tool` counts."""
+
+
 def near_repeat_pairs(
-    con: StoreConnection, filters: Filters | None = None, *, similarity: float = 0.85
+    con: StoreConnection, filters: Filters | None = None, *, similarity: float = DEFAULT_SIMILARITY
 ) -> pd.DataFrame:
     """:func:`near_repeats` with ``kind`` as the detailed kind (``paging`` or a near kind)."""
     pairs = near_repeats(con, filters, similarity=similarity)
     if pairs.empty:
-        return pd.DataFrame(columns=_PAIR_COLUMNS)
+        return pd.DataFrame(columns=PAIR_COLUMNS)
     out = pairs.copy()
     out["kind"] = out["detail"].where(out["kind"] == "near", "paging")
     return out
 
 
 def near_repeats_by_tool(
-    con: StoreConnection, filters: Filters | None = None, *, similarity: float = 0.85, examples: int = 3
+    con: StoreConnection, filters: Filters | None = None, *, similarity: float = DEFAULT_SIMILARITY, examples: int = 3
 ) -> pd.DataFrame:
-    """Per tool: near repeats by kind, how many were wasted, paging pairs apart, and examples."""
-    pairs = near_repeats(con, filters, similarity=similarity)
+    """Per tool: near repeats by kind, how many were wasted, paging pairs apart, and examples
+    (the first ``examples`` near repeats in :func:`near_repeats` order). Over ClickHouse, counted
+    where the pairs are kept, without fetching them."""
+    engine = as_connection(con)
     columns = ["tool", "near_repeats", "wasted", *NEAR_KINDS, "window_repeated", "paging", "examples"]
+    if engine.dialect == "clickhouse" and similarity == DEFAULT_SIMILARITY:
+        where, params = (filters or Filters()).where("c")
+        counts = engine.df(_BY_TOOL_SQL_CLICKHOUSE.format(where=where, examples=max(int(examples), 1)), params)
+        frame = counts[columns].astype({c: int for c in columns[1:-1]})
+        frame["examples"] = [list(x)[: max(examples, 0)] for x in frame["examples"]]
+        return frame.sort_values(["near_repeats", "tool"], ascending=[False, True], ignore_index=True)
+    pairs = near_repeats(con, filters, similarity=similarity)
     if pairs.empty:
         return pd.DataFrame(columns=columns)
     out: dict[str, dict[str, Any]] = defaultdict(lambda: {c: 0 for c in columns[1:-1]} | {"examples": []})

@@ -1,57 +1,22 @@
 """Every identical call, shown and judged by the evidence (``docs/architecture.md``).
 
-One row per **identical repeat**: an executed call with the same tool and canonical
-arguments as an earlier call on its path (same signature, and the same captured
-arguments where both were captured), whatever ran between. A call whose arguments are
-unknown (another framework's span that records none: no signature) repeats no call. Its **twin** is the most
-recent such earlier call. Each row says:
-
-- ``counted``: whether the limit's rule counts it (its stored ordinal, derived by the
-  runtime's own rule, ``treellm.engine.repeats``, is >= 2): no state change between
-  that can have changed what it reads;
-- ``outcome``, judged after the fact with everything the store holds:
-  - ``unknown`` when it or its twin has no captured result (missing results never
-    compare equal);
-  - ``productive`` when its twin failed and it did not; when its result differs from
-    the twin's; or, with the same result, when a call between wrote what it reads or
-    writes (a re-read after an edit of that file, a test re-run after an edit of the
-    code under test, a restore after an edit);
-  - ``wasted`` otherwise: nothing it reads changed, and it learned nothing new.
-- ``reason``: one line naming the evidence.
-
-What counts as "wrote what it reads", after the fact: a successful call between whose
-targets (``treellm.shell.command_targets``; a path argument for other tools) overlap the
-repeat's reads or writes. A call whose reads cannot be known (a script, a test run) is
-touched by writes to files that existed before the run (the code) and to its own
-script, not by the agent's scratch files (first seen being written in this run), and by
-any program that may write (its code unknown, or holding a file-writing call); code in
-the run (a heredoc ``cat > s.py``, ``python -c``) without one writes nothing, nor do
-test runners and linters (``pytest``, ``flake8``, ``sqlfluff lint``...); a package
-install changes no file a read shows. With the same result as its twin, a read of
-known files is wasted unless a call between wrote them, ran code that writes them (the
-path literals of that code), or is a known writer whose targets cannot be named
-(``git stash``, an editor's ``edit``): a program that may write somewhere unnamed may
-have written anything, but the identical text is the evidence that it did not touch
-what the read shows (unless the repeat itself writes, a restore after such a program).
+The rule is :mod:`treellm.derive.repeats` (one row per identical repeat, its twin, whether
+the limit counts it, its outcome and the evidence): pure, over a run's calls. Here it is read
+from a store: over DuckDB it judges the runs that hold a repeat at query time; ClickHouse keeps
+the judgements ``treellm derive`` made per trace with the same rule (the ``identical_repeats``
+view), so nothing is judged at read time there.
 """
 
 from __future__ import annotations
 
-import functools
-import posixpath
-import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 import pandas as pd
 
 from treellm.analysis.filters import Filters
-from treellm.analysis.measures import CALLS_SQL
-from treellm.engine.repeats import CallTargets, ToolRule, call_targets
-from treellm.shell import DEFAULT_SHELL_TOOLS, ENVIRONMENT, CommandTargets, command_targets, command_text, paths_overlap
-from treellm.signature import parse_arguments
+from treellm.derive.repeats import CODE_WRITES, REPEAT_COLUMNS, CallFacts, judge_repeat, judge_runs
 from treellm.store.backend import StoreConnection, as_connection
+from treellm.store.views import REPEAT_CALLS_SQL, REPEAT_NODES_SQL
 
 __all__ = [
     "CODE_WRITES",
@@ -63,227 +28,10 @@ __all__ = [
     "repeats",
 ]
 
-REPEAT_COLUMNS = [
-    "trace_id", "span_id", "run_id", "node_id", "tool", "call_id", "ordinal", "identical_ordinal", "counted",
-    "twin_node_id", "twin_call_id", "twin_span_id", "outcome", "reason", "arguments",
-]  # fmt: skip
-
-_RULE: Final = ToolRule()
-_HEREDOC: Final = re.compile(
-    r"(?:cat|tee)\s*>\s*['\"]?([\w./-]+)['\"]?\s*<<-?\s*['\"]?(\w+)['\"]?[^\n]*\n(.*?)\n\2\b", re.DOTALL
+_STORED_SQL: Final = (
+    f"SELECT {', '.join(f'c.{name}' for name in REPEAT_COLUMNS)} FROM identical_repeats c "
+    "WHERE {where} ORDER BY c.run_id, c.seq"
 )
-CODE_WRITES: Final = re.compile(
-    r"""open\([^)]*,\s*(?:mode\s*=\s*)?['"][wax+]|\.write_text\(|\.write_bytes\(|\bshutil\.|\bsubprocess\b"""
-    r"""|\bos\.(?:remove|rename|replace|unlink|system|mkdir|makedirs|rmdir|chmod|truncate|popen)\b|\bpopen\("""
-    r"""|\bexec\(|\beval\(|__import__|\.(?:save|savez|savetxt|touch|unlink|rename|mkdir|rmdir)\("""
-    r"""|\.to_(?:csv|json|pickle|parquet|excel|sql)\(|\bsed\s+-i"""
-)
-"""Python code that may write a file: the one vocabulary of the evidence (scripts and snippets
-the run holds) and of the ``python -c`` rule proposed by ``analysis.rules``."""
-_PYTHON_C: Final = re.compile(r"""python[0-9.]*\s+-c\s+(['"])(.*)\1""", re.DOTALL)
-_SCRIPT: Final = re.compile(r"(?:python[0-9.]*|bash|sh)\s+(?:-\w+\s+)*([\w./-]+\.(?:py|sh))")
-_FILE_WORD: Final = re.compile(r"[\w./-]+\.(?:py|sh|sql|cfg|toml|ini|json|ya?ml|txt|js|ts)\b")
-_CHECKER: Final = re.compile(
-    r"(?:python[0-9.]*\s+-m\s+)?(?:pytest|py\.test|unittest|flake8|pylint|mypy|pyflakes|pycodestyle|tox|nox)\b"
-    r"|ruff\s+check\b|sqlfluff\s+(?:lint|parse)\b|black\s+--check\b"
-)
-"""Test runners and linters: programs that read the code and write none of it."""
-
-
-@dataclass(frozen=True, slots=True)
-class CallFacts:
-    """One executed call as the judgement needs it. ``command`` is a shell tool's command."""
-
-    tool: str
-    arguments: str | None
-    result_hash: str | None
-    failed: bool
-    targets: CallTargets
-    command: str | None = None
-    bodies: dict[str, str] = field(default_factory=dict)
-    """Files whose text this call wrote from a heredoc (path -> text)."""
-
-
-def facts(tool: str, arguments: str | None, result_hash: str | None, *, failed: bool) -> CallFacts:
-    """:class:`CallFacts` of a stored call (targets by the default rule of its tool)."""
-    value = parse_arguments(arguments or "")
-    command = command_text(value) if tool in DEFAULT_SHELL_TOOLS else None
-    targets = CallTargets(None, None, True) if arguments is None else call_targets(_RULE, tool, value)
-    bodies = {m[1].removeprefix("./"): m[3] for m in _HEREDOC.finditer(command)} if command else {}
-    return CallFacts(tool, arguments, result_hash, failed, targets, command, bodies)
-
-
-def _same_file(a: str, b: str) -> bool:
-    return paths_overlap(a, b) and a.rsplit("/", 1)[-1] == b.rsplit("/", 1)[-1]
-
-
-@functools.lru_cache(maxsize=16_384)
-def _targets(command: str) -> CommandTargets:
-    return command_targets(command)
-
-
-def _touched(call: CallFacts) -> tuple[frozenset[str], frozenset[str]]:
-    """(known reads, known writes) of a call."""
-    if call.command is not None:
-        found = _targets(call.command)
-        return found.reads, found.writes
-    return call.targets.reads or frozenset(), call.targets.writes or frozenset()
-
-
-_PATH_LITERAL: Final = re.compile(r"""['"]([\w./-]+\.[A-Za-z]{1,5})['"]""")
-
-
-def _code_of(call: CallFacts, bodies: dict[str, str]) -> str | None:
-    """The code of a shell call's unknown program(s) when the run holds it (``python -c``, or
-    scripts written in the run by a heredoc), else None."""
-    command = call.command or ""
-    inline = _PYTHON_C.search(command)
-    if inline is not None:
-        return inline[2]
-    scripts = [s.removeprefix("./") for s in _SCRIPT.findall(command)]
-    if not scripts or any(s not in bodies for s in scripts):
-        return None
-    return "\n".join(bodies[s] for s in scripts)
-
-
-def _writes_of(call: CallFacts, bodies: dict[str, str]) -> tuple[frozenset[str], bool, bool]:
-    """(paths written, whether more may be written, whether that "more" comes from a program
-    that may write somewhere unnamed) of a call between."""
-    if call.command is not None:
-        found = _targets(call.command)
-        if found.effect == "read":
-            return frozenset(), False, False
-        if found.programs and all(_CHECKER.match(" ".join(p)) for p in found.programs):
-            return found.writes, found.writes_unknown and not found.programs, False
-        if found.programs:
-            code = _code_of(call, bodies)
-            if code is None:
-                return found.writes, True, True
-            if CODE_WRITES.search(code) is None:
-                return found.writes, False, False
-            literals = frozenset(posixpath.normpath(p) for p in _PATH_LITERAL.findall(code))
-            return found.writes | literals, not literals, not literals
-        return found.writes, found.writes_unknown, False
-    targets = call.targets
-    if not targets.changes_state:
-        return frozenset(), False, False
-    return targets.writes or frozenset(), targets.writes is None, False
-
-
-def _short(text: str | None) -> str:
-    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
-    return line if len(line) <= 60 else line[:57] + "..."
-
-
-def judge_repeat(
-    call: CallFacts,
-    twin: CallFacts,
-    between: Sequence[CallFacts],
-    *,
-    bodies: dict[str, str] | None = None,
-    created: Sequence[str] = (),
-) -> tuple[str, str]:
-    """(outcome, reason) of an identical repeat, given its twin and the calls between them on
-    its path (pure: the rule of the module docstring). ``bodies``: scripts written in the run
-    (path -> text); ``created``: the paths the agent created in the run (its scratch files)."""
-    if call.result_hash is None or twin.result_hash is None:
-        return "unknown", "no captured result for this call or its twin"
-    if twin.failed and not call.failed:
-        return "productive", "its twin failed; this one succeeded (a retry that worked)"
-    if call.result_hash != twin.result_hash:
-        return "productive", "a new result: differs from its twin's"
-    shell = _targets(call.command) if call.command is not None else None
-    reads = call.targets.reads if shell is None else (None if shell.reads_unknown else shell.reads)
-    own = _touched(call)[1]
-    files = frozenset(_FILE_WORD.findall(call.command or "")) if reads is None else frozenset()
-    known = bodies or {}
-    for other in between:
-        if other.bodies:
-            known = {**known, **other.bodies}
-        if other.failed:
-            continue
-        written, more, program = _writes_of(other, known)
-        written = written - {ENVIRONMENT}  # an install: the same result says it changed nothing here
-        if more and (reads is None or not program or own):
-            return "productive", f"same result, but `{_short(other.command or other.tool)}` may have written anything"
-        if reads is None:
-            relevant = [
-                p
-                for p in written
-                if any(paths_overlap(p, f) for f in files) or not any(_same_file(p, c) for c in created)
-            ]
-        else:
-            relevant = [p for p in written if any(paths_overlap(p, r) for r in reads | own)]
-        if relevant:
-            return "productive", f"same result after {sorted(relevant)[0]} was written between (checks the change)"
-    if reads is None:
-        return "wasted", "same result as its twin; nothing it runs was written between (only scratch files, if any)"
-    return "wasted", "same result as its twin; nothing it reads was written between"
-
-
-_RUNS_WITH = f"""
-WITH calls AS ({CALLS_SQL}),
-runs_with AS (SELECT DISTINCT run_id FROM calls c WHERE {{where}} AND c.signature IS NOT NULL
-              GROUP BY run_id, tool, signature HAVING count(*) >= 2)
-"""
-_SQL = (
-    _RUNS_WITH
-    + """
-SELECT c.trace_id, c.span_id, c.run_id, c.node_id, c.parent_id, c.tool, c.signature, c.ordinal, c.status,
-       c.result_hash, c.arguments, c.call_id
-FROM calls c
-WHERE c.run_id IN (SELECT run_id FROM runs_with)
-ORDER BY c.run_id, c.start_ns, c.span_id
-"""
-)
-# The think nodes of the same runs: the runs are chosen again in SQL (the same filter), never
-# sent back as one parameter per run (tens of thousands of them overflow a query's size).
-_NODES_SQL = (
-    _RUNS_WITH
-    + """
-SELECT run_id, node_id, parent_id FROM nodes WHERE run_id IN (SELECT run_id FROM runs_with)
-"""
-)
-
-
-class _Lines:
-    """Which think nodes lie on a path, in constant time: a run's think nodes (and the parent ids
-    they name that are not among them) numbered in pre- and post-order, so ``a`` is on the line
-    that ends at ``b`` (an ancestor of ``b``, or ``b``) when ``pre[a] <= pre[b]`` and
-    ``post[b] <= post[a]``. Linear in the nodes, whatever the depth (a loop of 20,000 turns is a
-    path 20,000 deep: a set of ancestors per node would be quadratic)."""
-
-    def __init__(self, parents: dict[str, str | None]) -> None:
-        children: dict[str | None, list[str]] = {}
-        nodes = set(parents) | {p for p in parents.values() if p is not None}
-        for node in nodes:
-            children.setdefault(parents.get(node), []).append(node)
-        self.pre: dict[str, int] = {}
-        self.post: dict[str, int] = {}
-        counter = 0
-        stack: list[tuple[str, bool]] = [(root, False) for root in sorted(children.get(None, ()), reverse=True)]
-        while stack:
-            node, leaving = stack.pop()
-            if leaving:
-                self.post[node] = counter
-                counter += 1
-                continue
-            self.pre[node] = counter
-            counter += 1
-            stack.append((node, True))
-            stack.extend((child, False) for child in sorted(children.get(node, ()), reverse=True))
-
-    def on(self, node: str | None, end: str | None) -> bool:
-        """Whether ``node`` (None: the run itself) is on the line from the run to ``end``. A node
-        in a cycle of parents (malformed) is on no line but its own."""
-        if node is None or node == end:
-            return True
-        if end is None:
-            return False
-        first, last = self.pre.get(node), self.pre.get(end)
-        if first is None or last is None:
-            return False
-        return first <= last and self.post[end] <= self.post[node]
 
 
 def _rows(engine: Any, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
@@ -291,95 +39,61 @@ def _rows(engine: Any, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
     return list(frame.where(frame.notna(), None).itertuples(index=False, name=None))
 
 
-def _by_run(rows: Iterable[tuple[Any, ...]]) -> dict[str, list[tuple[Any, ...]]]:
-    out: dict[str, list[tuple[Any, ...]]] = {}
-    for row in rows:
-        out.setdefault(row[2], []).append(row)
-    return out
-
-
 def load_calls(con: StoreConnection, filters: Filters | None = None) -> list[tuple[Any, ...]]:
     """The executed calls of the runs that hold an identical repeat, in run and time order:
     (trace_id, span_id, run_id, node_id, parent_id, tool, signature, ordinal, status,
     result_hash, arguments, call_id)."""
     where, params = (filters or Filters()).where("c")
-    return _rows(as_connection(con), _SQL.format(where=where), params)
+    return _rows(as_connection(con), REPEAT_CALLS_SQL.format(where=where), params)
 
 
 def repeats(con: StoreConnection, filters: Filters | None = None) -> pd.DataFrame:
-    """One row per identical repeat (``REPEAT_COLUMNS``), in run and time order."""
+    """One row per identical repeat (``REPEAT_COLUMNS``) of the runs and tool ``filters`` keep,
+    in run and time order."""
+    f = filters or Filters()
     engine = as_connection(con)
-    rows = load_calls(con, filters)
+    where, params = f.where("c")
+    if engine.dialect == "clickhouse":
+        frame = engine.df(_STORED_SQL.format(where=where), params)
+        frame = frame.astype(object).where(frame.notna(), None)
+        frame["counted"] = frame["counted"].astype(bool)
+        return frame.reset_index(drop=True)
+    rows = load_calls(con, f)
     if not rows:
         return pd.DataFrame([], columns=REPEAT_COLUMNS)
-    where, params = (filters or Filters()).where("c")
-    think = _rows(engine, _NODES_SQL.format(where=where), params)
-    parents: dict[str, dict[str, str | None]] = {}
-    for run_id, node_id, parent_id in think:
-        parents.setdefault(run_id, {})[node_id] = parent_id
-    out: list[tuple[Any, ...]] = []
-    for run_id, calls in _by_run(rows).items():
-        out.extend(_run_repeats(calls, parents.get(run_id, {})))
-    return pd.DataFrame(out, columns=REPEAT_COLUMNS)
-
-
-def _run_repeats(calls: list[tuple[Any, ...]], parents: dict[str, str | None]) -> list[tuple[Any, ...]]:
-    """The identical repeats of one run's calls (in time order). A call's identical calls on its
-    line are its twin's and its twin (the twin's line is part of its own): found once each, so a
-    loop of k identical calls costs k steps, not k²/2."""
-    made = [facts(c[5], c[10], c[9], failed=c[8] == "failed") for c in calls]
-    lines = _Lines(parents)
-    seen_by_key: dict[tuple[str, str], list[int]] = {}
-    identical: dict[int, int] = {}  # call -> how many identical calls are on its line before it
-    bodies: dict[str, str] = {}
-    seen_by_name: dict[str, list[str]] = {}  # paths read or written so far, by file name
-    created: list[str] = []
-    out: list[tuple[Any, ...]] = []
-    for i, call in enumerate(calls):
-        trace_id, span_id, run_id, node_id, parent_id, tool, sig, ordinal, _s, _h, arguments, call_id = call
-        earlier = seen_by_key.setdefault((tool, sig), []) if sig is not None else []  # unknown: equals none
-        twin = next(
-            (j for j in reversed(earlier)
-             if lines.on(calls[j][4], parent_id) and (arguments is None or calls[j][10] in (None, arguments))),
-            None,
-        )  # fmt: skip
-        identical[i] = 0 if twin is None else identical[twin] + 1
-        if twin is not None:
-            between = [made[j] for j in range(twin + 1, i) if lines.on(calls[j][4], parent_id)]
-            outcome, reason = judge_repeat(made[i], made[twin], between, bodies=bodies, created=created)
-            counted = ordinal is not None and int(ordinal) >= 2
-            out.append(
-                (trace_id, span_id, run_id, node_id, tool, call_id, None if ordinal is None else int(ordinal),
-                 identical[i] + 1, counted, calls[twin][3], calls[twin][11], calls[twin][1], outcome, reason,
-                 arguments)
-            )  # fmt: skip
-        if sig is not None:
-            earlier.append(i)
-        bodies.update(made[i].bodies)
-        reads, writes = _touched(made[i])
-        for path in writes:
-            if not any(paths_overlap(path, seen) for seen in seen_by_name.get(_name(path), ())):
-                created.append(path)
-        for path in reads | writes:
-            seen_by_name.setdefault(_name(path), []).append(path)
-    return out
-
-
-def _name(path: str) -> str:
-    return path.rsplit("/", 1)[-1]
+    think = _rows(engine, REPEAT_NODES_SQL.format(where=where), params)
+    judged = judge_runs(rows, think)  # every tool of the runs chosen: the calls between count
+    tool = REPEAT_COLUMNS.index("tool")
+    return pd.DataFrame([r for r in judged if f.tool is None or r[tool] == f.tool], columns=REPEAT_COLUMNS)
 
 
 IDENTICAL_COLUMNS = [
     "tool", "identical_repeats", "identical_productive", "identical_wasted", "identical_unknown", "counted",
     "counted_wasted",
 ]  # fmt: skip
+_BY_TOOL_SQL: Final = """
+SELECT c.tool AS tool, count(*) AS identical_repeats, sum(CASE WHEN c.outcome = 'productive' THEN 1 ELSE 0 END)
+    AS identical_productive, sum(CASE WHEN c.outcome = 'wasted' THEN 1 ELSE 0 END) AS identical_wasted,
+    sum(CASE WHEN c.outcome = 'unknown' THEN 1 ELSE 0 END) AS identical_unknown,
+    sum(CASE WHEN c.counted THEN 1 ELSE 0 END) AS counted,
+    sum(CASE WHEN c.counted AND c.outcome = 'wasted' THEN 1 ELSE 0 END) AS counted_wasted
+FROM identical_repeats c
+WHERE {where} AND c.tool IS NOT NULL
+GROUP BY c.tool
+ORDER BY c.tool"""
 
 
 def identical_repeats_by_tool(
     con: StoreConnection, filters: Filters | None = None, *, every: pd.DataFrame | None = None
 ) -> pd.DataFrame:
     """Per tool (``IDENTICAL_COLUMNS``): every identical repeat and its outcomes beside those
-    the limit's rule counts (``every``: a :func:`repeats` frame already at hand)."""
+    the limit's rule counts (``every``: a :func:`repeats` frame already at hand). Over
+    ClickHouse, counted where the judgements are kept, without fetching them."""
+    engine = as_connection(con)
+    if every is None and engine.dialect == "clickhouse":
+        where, params = (filters or Filters()).where("c")
+        counts = engine.df(_BY_TOOL_SQL.format(where=where), params)
+        return counts[IDENTICAL_COLUMNS].astype({c: int for c in IDENTICAL_COLUMNS[1:]}).reset_index(drop=True)
     frame = every if every is not None else repeats(con, filters)
     if frame.empty:
         return pd.DataFrame([], columns=IDENTICAL_COLUMNS)

@@ -11,7 +11,6 @@ from treellm.analysis.filters import Filters
 from treellm.analysis.measures import content_by_tool, prune_rate_by_tool, repeat_outcome_by_tool, totals
 from treellm.analysis.near import near_repeats_by_tool
 from treellm.analysis.repeats import identical_repeats_by_tool
-from treellm.analysis.repeats import repeats as identical_repeats
 from treellm.analysis.rules import rules_by_tool
 from treellm.analysis.tuning import DEFAULT_MIN_PRODUCTIVE, DEFAULT_MIN_SAMPLES, DEFAULT_TOLERANCE, tuning_by_tool
 from treellm.store.backend import StoreConnection
@@ -39,8 +38,8 @@ def report(con: StoreConnection, filters: Filters | None = None) -> dict[str, An
         .to_dict("index")
     )
     near: dict[Any, dict[Any, Any]] = near_repeats_by_tool(con, f).set_index("tool").to_dict("index")
-    every = identical_repeats(con, f)
-    identical = identical_repeats_by_tool(con, f, every=every).set_index("tool").to_dict("index")
+    by_tool = identical_repeats_by_tool(con, f)
+    identical = by_tool.set_index("tool").to_dict("index")
     content: dict[Any, dict[Any, Any]] = content_by_tool(con, f).set_index("tool").to_dict("index")
     none = {"repeats": 0, "productive": 0, "wasted": 0, "unknown": 0}
     tools = []
@@ -60,7 +59,7 @@ def report(con: StoreConnection, filters: Filters | None = None) -> dict[str, An
              "capture_switch": {"framework": lacking["framework"], "switch": lacking["switch"]} if lacking else None}
         )  # fmt: skip
     out["tools"] = tools
-    out["identical_repeats"] = len(every)
+    out["identical_repeats"] = int(by_tool["identical_repeats"].sum())
     return out
 
 

@@ -86,20 +86,39 @@ def _afresh(con: StoreConnection, f: Filters) -> dict[str, int]:
 
 
 def _pruned_counts(con: StoreConnection, f: Filters) -> pd.DataFrame:
+    """The calls a limit pruned (not in shadow mode), per tool and the count at which each was
+    caught: ``tool``, ``count``, ``pruned``."""
     where, params = f.where("l")
     return as_connection(con).df(
-        f"""SELECT l.tool AS tool, l.count AS count FROM loop_events l WHERE NOT l.shadow AND {where}""", params
-    )
-
-
-def _turn_ends(con: StoreConnection, f: Filters) -> pd.DataFrame:
-    """Each executed call with its turn (the ThinkNode that asked; a call alone when unknown)."""
-    where, params = f.where("c", tool_column=None)
-    return as_connection(con).df(
-        f"""SELECT c.run_id AS run_id, coalesce(c.parent_id, c.node_id) AS turn, c.tool AS tool, c.ordinal AS ordinal
-            FROM ({CALLS_SQL}) c WHERE {where}""",
+        f"""SELECT l.tool AS tool, l.count AS count, count(*) AS pruned FROM loop_events l
+            WHERE NOT l.shadow AND {where} GROUP BY l.tool, l.count""",
         params,
     )
+
+
+def _single_tool_turns(con: StoreConnection, f: Filters) -> pd.DataFrame:
+    """The turns that call one tool only (a turn: the ThinkNode that asked; a call alone when
+    unknown), counted per tool and smallest ordinal (a missing ordinal counts as 1): ``tool``,
+    ``min_ordinal``, ``turns``. A limit L of tool X ends a branch at a turn when every call of
+    the turn is X with an ordinal above L: the turn calls X only and its smallest ordinal is
+    above L. Every tool's calls make the turns, whatever the tool filter."""
+    where, params = f.where("c", tool_column=None)
+    return as_connection(con).df(
+        f"""SELECT t.first_tool AS tool, t.min_ordinal AS min_ordinal, count(*) AS turns
+            FROM (SELECT c.run_id, coalesce(c.parent_id, c.node_id) AS turn, count(DISTINCT c.tool) AS tools,
+                         min(c.tool) AS first_tool, min(coalesce(c.ordinal, 1)) AS min_ordinal
+                  FROM ({CALLS_SQL}) c WHERE {where}
+                  GROUP BY c.run_id, coalesce(c.parent_id, c.node_id)) t
+            WHERE t.tools = 1
+            GROUP BY t.first_tool, t.min_ordinal""",
+        params,
+    )
+
+
+def _ends(turns: pd.DataFrame, tool: str, limit: int) -> int:
+    """How many turns of :func:`_single_tool_turns` a limit of ``limit`` on ``tool`` ends."""
+    mine = turns[(turns["tool"] == tool) & (turns["min_ordinal"] > limit)]
+    return int(mine["turns"].sum())
 
 
 def what_if_by_tool_limit(
@@ -113,7 +132,7 @@ def what_if_by_tool_limit(
     samples = repeat_samples(con, f)
     limits = _current_limits(con, f)
     pruned = _pruned_counts(con, f)
-    turns = _turn_summary(_turn_ends(con, f))
+    turns = _single_tool_turns(con, f)
     rows: list[dict[str, Any]] = []
     for tool in sorted(limits["tool"]):
         found = limits.loc[limits["tool"] == tool, "current_limit"].iloc[0]
@@ -121,13 +140,12 @@ def what_if_by_tool_limit(
         current = observed or 1
         mine = samples[samples["tool"] == tool] if not samples.empty else samples
         top = max_limit or max(current + 2, int(mine["ordinal"].max()) if not mine.empty else 1, 3)
-        pruned_counts = pruned.loc[pruned["tool"] == tool, "count"]
-        only_this = turns[(turns["tools"] == 1) & (turns["first_tool"] == tool)]["min_ordinal"]
+        mine_pruned = pruned[pruned["tool"] == tool]
         for limit in range(1, top + 1):
             caught = mine[mine["ordinal"] > limit] if not mine.empty else mine
             lost = int(caught["productive"].sum()) if not caught.empty else 0
-            ends = int((only_this > limit).sum())
-            unknown = int((pruned_counts < limit).sum()) if limit > current else 0
+            ends = _ends(turns, tool, limit)
+            unknown = int(mine_pruned.loc[mine_pruned["count"] < limit, "pruned"].sum()) if limit > current else 0
             rows.append(
                 {"tool": tool, "limit": limit, "current_limit": observed, "would_prune": len(caught),
                  "saved": len(caught) - lost, "lost": lost, "branches_ended": ends, "unknown": unknown,
@@ -142,54 +160,46 @@ def what_if_by_tool_limit(
     return table
 
 
-def _turn_summary(turns: pd.DataFrame) -> pd.DataFrame:
-    """Per turn: how many distinct tools it called, one of them, and its smallest ordinal.
-
-    A limit L of tool X ends a branch at a turn when every call of the turn is X with an
-    ordinal above L: the turn calls X only and its smallest ordinal is above L.
-    """
-    if turns.empty:
-        return pd.DataFrame(columns=["tools", "first_tool", "min_ordinal"])
-    turns = turns.assign(ordinal=turns["ordinal"].fillna(1))
-    return turns.groupby(["run_id", "turn"]).agg(
-        tools=("tool", "nunique"), first_tool=("tool", "first"), min_ordinal=("ordinal", "min")
-    )
-
-
-Between = dict[tuple[str, str], set[str]]
+_CAUSES_SQL = """
+SELECT s.tool AS tool, m.mutating AS mutating, count(*) AS n_with,
+       sum(CASE WHEN s.productive THEN 1 ELSE 0 END) AS productive_with
+FROM (SELECT c.run_id AS run_id, c.node_id AS node_id, c.tool AS tool, c.productive AS productive
+      FROM repeat_outcomes c WHERE {where} AND c.outcome != 'unknown') s
+JOIN (SELECT b.run_id AS run_id, b.node_id AS node_id, {each} AS mutating FROM repeat_between b) m
+  ON m.run_id = s.run_id AND m.node_id = s.node_id
+GROUP BY s.tool, m.mutating"""
+"""Per tool and each tool M whose other calls succeeded between a repeat and its twin (the
+store's ``repeat_between``): the tool's repeats with a known outcome that had M between
+(``n_with``), and how many of them were productive. ``{each}`` unnests the list: DuckDB's
+``unnest``, ClickHouse's ``arrayJoin``."""
 
 
-def _intervening_tools(con: StoreConnection, f: Filters) -> Between:
-    """Per repeat (run, node) of the filtered data: the tools whose other calls succeeded between
-    it and its last earlier twin (the store's ``repeat_between``; none: not in the map)."""
-    where, params = f.where("b")
-    found = as_connection(con).df(f"SELECT b.run_id, b.node_id, b.tools FROM repeat_between b WHERE {where}", params)
-    return {(str(r), str(n)): set(t) for r, n, t in zip(found["run_id"], found["node_id"], found["tools"], strict=True)}
+def _causes(con: StoreConnection, f: Filters) -> pd.DataFrame:
+    """:data:`_CAUSES_SQL` over the filtered data, counted where the data is."""
+    engine = as_connection(con)
+    where, params = f.where("c")
+    each = "arrayJoin(b.tools)" if engine.dialect == "clickhouse" else "unnest(b.tools)"
+    return engine.df(_CAUSES_SQL.format(where=where, each=each), params)
 
 
-def _between(samples: pd.DataFrame, between: Between) -> pd.Series:
-    """For each repeat of ``samples``: the tools between it and its twin (:func:`_intervening_tools`)."""
-    pairs = zip(samples["run_id"], samples["node_id"], strict=True)
-    return pd.Series([between.get((str(r), str(n)), set()) for r, n in pairs], index=samples.index, dtype=object)
-
-
-def _mutating_cause(samples: pd.DataFrame, between: pd.Series) -> tuple[str, int, float, float] | None:
-    """(tool M, productive repeats after M, productive rate with M, without M) when M explains them."""
-    productive = samples["productive"]
-    if productive.sum() == 0:
+def _mutating_cause(causes: pd.DataFrame, n: int, productive: int) -> tuple[str, int, float, float] | None:
+    """(tool M, productive repeats after M, productive rate with M, without M) when M explains
+    the productive repeats of a tool: ``causes`` are its rows of :func:`_causes`, ``n`` its
+    repeats with a known outcome and ``productive`` how many of them were productive."""
+    if productive == 0:
         return None
-    candidates = sorted({t for tools, p in zip(between, productive, strict=True) if p for t in tools})
     best = None
-    for tool in candidates:
-        with_m = between.apply(lambda tools, tool=tool: tool in tools)
-        n_with, n_without = int(with_m.sum()), int((~with_m).sum())
-        rate_with = float(productive[with_m].mean()) if n_with else 0.0
-        rate_without = float(productive[~with_m].mean()) if n_without else 0.0
-        share = float(productive[with_m].sum() / productive.sum())
+    row: Any
+    for row in causes[causes["productive_with"] > 0].sort_values("mutating").itertuples(index=False):
+        n_with, p_with = int(row.n_with), int(row.productive_with)
+        n_without = n - n_with
+        rate_with = p_with / n_with
+        rate_without = (productive - p_with) / n_without if n_without else 0.0
+        share = p_with / productive
         if rate_with >= 0.8 and share >= 0.95 and (n_without == 0 or rate_without <= 0.2):
-            score = (share, int(productive[with_m].sum()))
+            score = (share, p_with)
             if best is None or score > best[0]:
-                best = (score, (tool, int(productive[with_m].sum()), rate_with, rate_without))
+                best = (score, (str(row.mutating), p_with, rate_with, rate_without))
     return best[1] if best else None
 
 
@@ -244,9 +254,9 @@ def tuning_by_tool(
     samples = repeat_samples(con, f)
     limits = _current_limits(con, f)
     pruned = _pruned_counts(con, f)
-    turns = _turn_summary(_turn_ends(con, f))
+    turns = _single_tool_turns(con, f)
     afresh = _afresh(con, f)
-    between = _intervening_tools(con, f)
+    causes = _causes(con, f)
     rows: list[dict[str, Any]] = []
     item: Any
     for item in limits.itertuples(index=False):
@@ -258,14 +268,13 @@ def tuning_by_tool(
         n = len(mine)
         productive = int(mine["productive"].sum()) if n else 0
         low, high = wilson_interval(productive, n)
-        pruned_here = int((pruned["tool"] == tool).sum())
+        pruned_here = int(pruned.loc[pruned["tool"] == tool, "pruned"].sum())
         recommended = _recommend(mine, tolerance)
         pruned_wasted = ((~mine["productive"]) & (mine["ordinal"] > recommended)) if n else None
         saved = int(pruned_wasted.sum()) if pruned_wasted is not None else 0
         tokens: Any = mine.loc[pruned_wasted, "result_chars"].sum() if pruned_wasted is not None else 0
-        only_this = turns[(turns["tools"] == 1) & (turns["first_tool"] == tool)]["min_ordinal"]
         verdict, reason, mutating = _verdict(
-            between,
+            causes[causes["tool"] == tool],
             mine,
             tool=tool,
             n=n,
@@ -278,7 +287,7 @@ def tuning_by_tool(
         )
         if verdict in ("insufficient_data", "mutates", "keep"):
             recommended = current
-        ends = int((only_this > recommended).sum())
+        ends = _ends(turns, tool, recommended)
         if not observed:
             reason = f"no observed limit (the agent never ran with one): what-if replay at limit {current}; {reason}"
         reason += f"; limit {recommended} would end {ends} branch(es) (turns whose every call it prunes)"
@@ -323,7 +332,7 @@ def _recommend(samples: pd.DataFrame, tolerance: float) -> int:
 
 
 def _verdict(
-    between: Between,
+    causes: pd.DataFrame,
     samples: pd.DataFrame,
     *,
     tool: str,
@@ -342,7 +351,7 @@ def _verdict(
             "and reports them"
         )
         return "insufficient_data", advice, None
-    cause = _mutating_cause(samples, _between(samples, between))
+    cause = _mutating_cause(causes, n, int(samples["productive"].sum()))
     if cause is not None:
         mutating, count, rate_with, rate_without = cause
         if mutating == tool:

@@ -62,6 +62,7 @@ from treellm.store.clickhouse_views import (
     view_queries,
 )
 from treellm.store.connection import NotOwnedError, apply_migrations
+from treellm.store.judged import create_judged
 from treellm.urls import display_url
 from treellm.urls import scrub as _scrubbed
 
@@ -148,6 +149,7 @@ def _described() -> dict[str, tuple[Column, ...]]:
     con = duckdb.connect()
     try:
         apply_migrations(con)
+        create_judged(con)
         found = {name: con.execute(f"DESCRIBE {name}").fetchall() for name in ("spans", *DERIVED_VIEWS)}
     finally:
         con.close()

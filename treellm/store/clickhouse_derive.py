@@ -54,6 +54,7 @@ from treellm.errors import ConfigError
 from treellm.store.clickhouse import ClickHouseConnection, store_columns, view_columns
 from treellm.store.clickhouse_views import DERIVED_SPANS, DERIVED_TRACES, DERIVED_VIEWS, derived_schema
 from treellm.store.ingest import BadRecord, ingest
+from treellm.store.judged import create_judged
 from treellm.telemetry import semconv as sc
 
 __all__ = [
@@ -179,12 +180,14 @@ def _lines(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, object]) 
 
 def write_derived(con: duckdb.DuckDBPyConnection, ch: ClickHouseConnection, traces: Sequence[str], version: int) -> int:
     """Write the DuckDB store's derived spans of ``traces`` into ``treellm_spans``, and the rows
-    of its views over them into their tables, with ``version``; returns how many spans. ``con``
+    of its views and judgements (:func:`~treellm.store.judged.create_judged`) over them into
+    their tables, with ``version``; returns how many spans. ``con``
     is a treellm store that ingest filled with every span of ``traces``. The rows replace the
     traces' earlier ones as they are written; :func:`record_traces` then marks them derived."""
     con.execute("CREATE OR REPLACE TEMP TABLE chosen (trace_id VARCHAR)")
     con.executemany("INSERT INTO chosen VALUES (?)", [[t] for t in traces])
     columns = [str(name) for (name, *_) in con.execute("DESCRIBE spans").fetchall()]
+    create_judged(con, "c.trace_id IN (SELECT trace_id FROM chosen)")
     written = 0
     for lines in _lines(con, derive_rows_sql(columns), {"version": version}):
         ch.insert_json_rows(lines, target=ch.derived(DERIVED_SPANS))

@@ -44,7 +44,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Final
 
+from treellm.derive.repeats import JUDGED_RULES
 from treellm.errors import ConfigError
+from treellm.store.judged import JUDGED
 from treellm.store.views import VIEWS, duckdb_views
 
 __all__ = [
@@ -55,12 +57,13 @@ __all__ = [
 ]  # fmt: skip
 
 DEFAULT_TABLE: Final = "otel_traces"
-SCHEMA_VERSION: Final = 5
+SCHEMA_VERSION: Final = 6
 """The version of the SQL below, in each object's comment: bump it when the SQL changes."""
 DERIVED_SPANS: Final = "treellm_spans"
 DERIVED_TRACES: Final = "treellm_traces"
-DERIVED_VIEWS: Final = {view.name: f"treellm_{view.name}" for view in VIEWS}
-"""Each DuckDB view's table: its rows per trace, as ``treellm derive`` computed them."""
+DERIVED_VIEWS: Final = {name: f"treellm_{name}" for name in (*(view.name for view in VIEWS), *JUDGED)}
+"""Each DuckDB view's table, and each judgement's (:mod:`treellm.store.judged`): its rows per
+trace, as ``treellm derive`` computed them."""
 TABLE_NAMES: Final = (DERIVED_SPANS, DERIVED_TRACES, *DERIVED_VIEWS.values())
 """treellm's tables in its database, created before the views."""
 
@@ -215,9 +218,10 @@ def derived_view_ddl(database: str, view: str, columns: Sequence[Column]) -> str
 
 def derived_schema(spans: Sequence[Column], views: Mapping[str, Sequence[Column]]) -> str:
     """What a trace is derived under: a digest of the store's ``spans`` columns, its views'
-    columns and their SQL (pure). ``treellm_traces`` records it per trace; a trace recorded under
-    another digest (an upgrade that changed a view) is derived again."""
-    text = json.dumps([list(spans), {k: list(v) for k, v in sorted(views.items())}, duckdb_views()])
+    columns and their SQL, and the version of the judgements' rules (pure). ``treellm_traces``
+    records it per trace; a trace recorded under another digest (an upgrade that changed a view
+    or a rule) is derived again."""
+    text = json.dumps([list(spans), {k: list(v) for k, v in sorted(views.items())}, duckdb_views(), JUDGED_RULES])
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 

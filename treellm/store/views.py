@@ -22,7 +22,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["CALLS_SQL", "VIEWS", "Column", "View", "duckdb_views"]
+__all__ = [
+    "CALLS_SQL",
+    "NEAR_CALLS_SQL",
+    "REPEAT_CALLS_SQL",
+    "REPEAT_NODES_SQL",
+    "VIEWS",
+    "Column",
+    "View",
+    "duckdb_views",
+]
 
 _QUOTED: Final = frozenset({"limit"})
 """Column names that are keywords: quoted."""
@@ -229,6 +238,41 @@ WHERE run_id IS NOT NULL AND NOT internal
 """The executed calls the analysis counts: ``tool_calls`` without framework-internal tools
 (smolagents' ``final_answer``...) and calls outside any run. ``path_position`` is not selected,
 so its window is not computed."""
+
+_RUNS_WITH: Final = f"""
+WITH calls AS ({CALLS_SQL}),
+runs_with AS (SELECT DISTINCT run_id FROM calls c WHERE {{where}} AND c.signature IS NOT NULL
+              GROUP BY run_id, tool, signature HAVING count(*) >= 2)
+"""
+REPEAT_CALLS_SQL: Final = (
+    _RUNS_WITH
+    + """
+SELECT c.trace_id, c.span_id, c.run_id, c.node_id, c.parent_id, c.tool, c.signature, c.ordinal, c.status,
+       c.result_hash, c.arguments, c.call_id
+FROM calls c
+WHERE c.run_id IN (SELECT run_id FROM runs_with)
+ORDER BY c.run_id, c.start_ns, c.span_id
+"""
+)
+"""Every executed call of the runs whose calls that ``{where}`` keeps (alias ``c``) hold an
+identical signature twice, in run and time order: what the identical-repeat judgement reads
+(:func:`treellm.derive.repeats.judge_runs`)."""
+REPEAT_NODES_SQL: Final = (
+    _RUNS_WITH
+    + """
+SELECT run_id, node_id, parent_id FROM nodes WHERE run_id IN (SELECT run_id FROM runs_with)
+"""
+)
+"""The think nodes of the same runs, chosen again in SQL by the same ``{where}`` (never sent back
+as one parameter per run: tens of thousands of them overflow a query's size)."""
+NEAR_CALLS_SQL: Final = f"""
+SELECT c.run_id, c.tool, c.signature, c.arguments, c.result_hash, c.node_id, c.parent_id,
+       c.trace_id, c.span_id, c.call_id
+FROM ({CALLS_SQL}) c
+WHERE {{where}} AND c.arguments IS NOT NULL
+ORDER BY c.run_id, c.tool, c.start_ns, c.span_id"""
+"""The calls with captured arguments that ``{where}`` keeps (alias ``c``), by run, tool and time:
+what the near-repeat pairing reads (:func:`treellm.derive.near.near_pairs`)."""
 
 RUN_SHAPES: Final = View(
     "run_shapes",

@@ -1,0 +1,327 @@
+"""Every identical call, judged by the evidence (``docs/architecture.md``): the rule, pure.
+
+Derived once per trace where a store keeps judgements (ClickHouse: ``treellm derive``), and
+at query time over DuckDB (:mod:`treellm.analysis.repeats`): one definition for both.
+
+One row per **identical repeat**: an executed call with the same tool and canonical
+arguments as an earlier call on its path (same signature, and the same captured
+arguments where both were captured), whatever ran between. A call whose arguments are
+unknown (another framework's span that records none: no signature) repeats no call. Its **twin** is the most
+recent such earlier call. Each row says:
+
+- ``counted``: whether the limit's rule counts it (its stored ordinal, derived by the
+  runtime's own rule, ``treellm.engine.repeats``, is >= 2): no state change between
+  that can have changed what it reads;
+- ``outcome``, judged after the fact with everything the store holds:
+  - ``unknown`` when it or its twin has no captured result (missing results never
+    compare equal);
+  - ``productive`` when its twin failed and it did not; when its result differs from
+    the twin's; or, with the same result, when a call between wrote what it reads or
+    writes (a re-read after an edit of that file, a test re-run after an edit of the
+    code under test, a restore after an edit);
+  - ``wasted`` otherwise: nothing it reads changed, and it learned nothing new.
+- ``reason``: one line naming the evidence.
+
+What counts as "wrote what it reads", after the fact: a successful call between whose
+targets (``treellm.shell.command_targets``; a path argument for other tools) overlap the
+repeat's reads or writes. A call whose reads cannot be known (a script, a test run) is
+touched by writes to files that existed before the run (the code) and to its own
+script, not by the agent's scratch files (first seen being written in this run), and by
+any program that may write (its code unknown, or holding a file-writing call); code in
+the run (a heredoc ``cat > s.py``, ``python -c``) without one writes nothing, nor do
+test runners and linters (``pytest``, ``flake8``, ``sqlfluff lint``...); a package
+install changes no file a read shows. With the same result as its twin, a read of
+known files is wasted unless a call between wrote them, ran code that writes them (the
+path literals of that code), or is a known writer whose targets cannot be named
+(``git stash``, an editor's ``edit``): a program that may write somewhere unnamed may
+have written anything, but the identical text is the evidence that it did not touch
+what the read shows (unless the repeat itself writes, a restore after such a program).
+"""
+
+from __future__ import annotations
+
+import functools
+import posixpath
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from treellm.engine.repeats import CallTargets, ToolRule, call_targets
+from treellm.shell import DEFAULT_SHELL_TOOLS, ENVIRONMENT, CommandTargets, command_targets, command_text, paths_overlap
+from treellm.signature import parse_arguments
+
+__all__ = [
+    "CODE_WRITES", "JUDGED_RULES", "REPEAT_COLUMNS", "REPEAT_TYPES", "CallFacts", "facts", "judge_repeat",
+    "judge_runs",
+]  # fmt: skip
+
+JUDGED_RULES: Final = 1
+"""The version of the judgements below (identical repeats here, near pairs in
+:mod:`treellm.derive.near`): bump it when a rule changes what it says, so a store that keeps
+judgements (ClickHouse's derived tables) judges its traces again."""
+
+REPEAT_TYPES: Final = (
+    ("trace_id", "VARCHAR"), ("span_id", "VARCHAR"), ("run_id", "VARCHAR"), ("node_id", "VARCHAR"),
+    ("tool", "VARCHAR"), ("call_id", "VARCHAR"), ("ordinal", "BIGINT"), ("identical_ordinal", "BIGINT"),
+    ("counted", "BOOLEAN"), ("twin_node_id", "VARCHAR"), ("twin_call_id", "VARCHAR"), ("twin_span_id", "VARCHAR"),
+    ("outcome", "VARCHAR"), ("reason", "VARCHAR"), ("arguments", "VARCHAR"),
+)  # fmt: skip
+"""One identical repeat as :func:`judge_runs` gives it: (column, DuckDB type)."""
+REPEAT_COLUMNS: Final = [name for name, _ in REPEAT_TYPES]
+
+_RULE: Final = ToolRule()
+_HEREDOC: Final = re.compile(
+    r"(?:cat|tee)\s*>\s*['\"]?([\w./-]+)['\"]?\s*<<-?\s*['\"]?(\w+)['\"]?[^\n]*\n(.*?)\n\2\b", re.DOTALL
+)
+CODE_WRITES: Final = re.compile(
+    r"""open\([^)]*,\s*(?:mode\s*=\s*)?['"][wax+]|\.write_text\(|\.write_bytes\(|\bshutil\.|\bsubprocess\b"""
+    r"""|\bos\.(?:remove|rename|replace|unlink|system|mkdir|makedirs|rmdir|chmod|truncate|popen)\b|\bpopen\("""
+    r"""|\bexec\(|\beval\(|__import__|\.(?:save|savez|savetxt|touch|unlink|rename|mkdir|rmdir)\("""
+    r"""|\.to_(?:csv|json|pickle|parquet|excel|sql)\(|\bsed\s+-i"""
+)
+"""Python code that may write a file: the one vocabulary of the evidence (scripts and snippets
+the run holds) and of the ``python -c`` rule proposed by ``analysis.rules``."""
+_PYTHON_C: Final = re.compile(r"""python[0-9.]*\s+-c\s+(['"])(.*)\1""", re.DOTALL)
+_SCRIPT: Final = re.compile(r"(?:python[0-9.]*|bash|sh)\s+(?:-\w+\s+)*([\w./-]+\.(?:py|sh))")
+_FILE_WORD: Final = re.compile(r"[\w./-]+\.(?:py|sh|sql|cfg|toml|ini|json|ya?ml|txt|js|ts)\b")
+_CHECKER: Final = re.compile(
+    r"(?:python[0-9.]*\s+-m\s+)?(?:pytest|py\.test|unittest|flake8|pylint|mypy|pyflakes|pycodestyle|tox|nox)\b"
+    r"|ruff\s+check\b|sqlfluff\s+(?:lint|parse)\b|black\s+--check\b"
+)
+"""Test runners and linters: programs that read the code and write none of it."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallFacts:
+    """One executed call as the judgement needs it. ``command`` is a shell tool's command."""
+
+    tool: str
+    arguments: str | None
+    result_hash: str | None
+    failed: bool
+    targets: CallTargets
+    command: str | None = None
+    bodies: dict[str, str] = field(default_factory=dict)
+    """Files whose text this call wrote from a heredoc (path -> text)."""
+
+
+def facts(tool: str, arguments: str | None, result_hash: str | None, *, failed: bool) -> CallFacts:
+    """:class:`CallFacts` of a stored call (targets by the default rule of its tool)."""
+    value = parse_arguments(arguments or "")
+    command = command_text(value) if tool in DEFAULT_SHELL_TOOLS else None
+    targets = CallTargets(None, None, True) if arguments is None else call_targets(_RULE, tool, value)
+    bodies = {m[1].removeprefix("./"): m[3] for m in _HEREDOC.finditer(command)} if command else {}
+    return CallFacts(tool, arguments, result_hash, failed, targets, command, bodies)
+
+
+def _same_file(a: str, b: str) -> bool:
+    return paths_overlap(a, b) and a.rsplit("/", 1)[-1] == b.rsplit("/", 1)[-1]
+
+
+@functools.lru_cache(maxsize=16_384)
+def _targets(command: str) -> CommandTargets:
+    return command_targets(command)
+
+
+def _touched(call: CallFacts) -> tuple[frozenset[str], frozenset[str]]:
+    """(known reads, known writes) of a call."""
+    if call.command is not None:
+        found = _targets(call.command)
+        return found.reads, found.writes
+    return call.targets.reads or frozenset(), call.targets.writes or frozenset()
+
+
+_PATH_LITERAL: Final = re.compile(r"""['"]([\w./-]+\.[A-Za-z]{1,5})['"]""")
+
+
+def _code_of(call: CallFacts, bodies: dict[str, str]) -> str | None:
+    """The code of a shell call's unknown program(s) when the run holds it (``python -c``, or
+    scripts written in the run by a heredoc), else None."""
+    command = call.command or ""
+    inline = _PYTHON_C.search(command)
+    if inline is not None:
+        return inline[2]
+    scripts = [s.removeprefix("./") for s in _SCRIPT.findall(command)]
+    if not scripts or any(s not in bodies for s in scripts):
+        return None
+    return "\n".join(bodies[s] for s in scripts)
+
+
+def _writes_of(call: CallFacts, bodies: dict[str, str]) -> tuple[frozenset[str], bool, bool]:
+    """(paths written, whether more may be written, whether that "more" comes from a program
+    that may write somewhere unnamed) of a call between."""
+    if call.command is not None:
+        found = _targets(call.command)
+        if found.effect == "read":
+            return frozenset(), False, False
+        if found.programs and all(_CHECKER.match(" ".join(p)) for p in found.programs):
+            return found.writes, found.writes_unknown and not found.programs, False
+        if found.programs:
+            code = _code_of(call, bodies)
+            if code is None:
+                return found.writes, True, True
+            if CODE_WRITES.search(code) is None:
+                return found.writes, False, False
+            literals = frozenset(posixpath.normpath(p) for p in _PATH_LITERAL.findall(code))
+            return found.writes | literals, not literals, not literals
+        return found.writes, found.writes_unknown, False
+    targets = call.targets
+    if not targets.changes_state:
+        return frozenset(), False, False
+    return targets.writes or frozenset(), targets.writes is None, False
+
+
+def _short(text: str | None) -> str:
+    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    return line if len(line) <= 60 else line[:57] + "..."
+
+
+def judge_repeat(
+    call: CallFacts,
+    twin: CallFacts,
+    between: Sequence[CallFacts],
+    *,
+    bodies: dict[str, str] | None = None,
+    created: Sequence[str] = (),
+) -> tuple[str, str]:
+    """(outcome, reason) of an identical repeat, given its twin and the calls between them on
+    its path (pure: the rule of the module docstring). ``bodies``: scripts written in the run
+    (path -> text); ``created``: the paths the agent created in the run (its scratch files)."""
+    if call.result_hash is None or twin.result_hash is None:
+        return "unknown", "no captured result for this call or its twin"
+    if twin.failed and not call.failed:
+        return "productive", "its twin failed; this one succeeded (a retry that worked)"
+    if call.result_hash != twin.result_hash:
+        return "productive", "a new result: differs from its twin's"
+    shell = _targets(call.command) if call.command is not None else None
+    reads = call.targets.reads if shell is None else (None if shell.reads_unknown else shell.reads)
+    own = _touched(call)[1]
+    files = frozenset(_FILE_WORD.findall(call.command or "")) if reads is None else frozenset()
+    known = bodies or {}
+    for other in between:
+        if other.bodies:
+            known = {**known, **other.bodies}
+        if other.failed:
+            continue
+        written, more, program = _writes_of(other, known)
+        written = written - {ENVIRONMENT}  # an install: the same result says it changed nothing here
+        if more and (reads is None or not program or own):
+            return "productive", f"same result, but `{_short(other.command or other.tool)}` may have written anything"
+        if reads is None:
+            relevant = [
+                p
+                for p in written
+                if any(paths_overlap(p, f) for f in files) or not any(_same_file(p, c) for c in created)
+            ]
+        else:
+            relevant = [p for p in written if any(paths_overlap(p, r) for r in reads | own)]
+        if relevant:
+            return "productive", f"same result after {sorted(relevant)[0]} was written between (checks the change)"
+    if reads is None:
+        return "wasted", "same result as its twin; nothing it runs was written between (only scratch files, if any)"
+    return "wasted", "same result as its twin; nothing it reads was written between"
+
+
+class _Lines:
+    """Which think nodes lie on a path, in constant time: a run's think nodes (and the parent ids
+    they name that are not among them) numbered in pre- and post-order, so ``a`` is on the line
+    that ends at ``b`` (an ancestor of ``b``, or ``b``) when ``pre[a] <= pre[b]`` and
+    ``post[b] <= post[a]``. Linear in the nodes, whatever the depth (a loop of 20,000 turns is a
+    path 20,000 deep: a set of ancestors per node would be quadratic)."""
+
+    def __init__(self, parents: dict[str, str | None]) -> None:
+        children: dict[str | None, list[str]] = {}
+        nodes = set(parents) | {p for p in parents.values() if p is not None}
+        for node in nodes:
+            children.setdefault(parents.get(node), []).append(node)
+        self.pre: dict[str, int] = {}
+        self.post: dict[str, int] = {}
+        counter = 0
+        stack: list[tuple[str, bool]] = [(root, False) for root in sorted(children.get(None, ()), reverse=True)]
+        while stack:
+            node, leaving = stack.pop()
+            if leaving:
+                self.post[node] = counter
+                counter += 1
+                continue
+            self.pre[node] = counter
+            counter += 1
+            stack.append((node, True))
+            stack.extend((child, False) for child in sorted(children.get(node, ()), reverse=True))
+
+    def on(self, node: str | None, end: str | None) -> bool:
+        """Whether ``node`` (None: the run itself) is on the line from the run to ``end``. A node
+        in a cycle of parents (malformed) is on no line but its own."""
+        if node is None or node == end:
+            return True
+        if end is None:
+            return False
+        first, last = self.pre.get(node), self.pre.get(end)
+        if first is None or last is None:
+            return False
+        return first <= last and self.post[end] <= self.post[node]
+
+
+def _run_repeats(calls: list[tuple[Any, ...]], parents: dict[str, str | None]) -> list[tuple[Any, ...]]:
+    """The identical repeats of one run's calls (in time order). A call's identical calls on its
+    line are its twin's and its twin (the twin's line is part of its own): found once each, so a
+    loop of k identical calls costs k steps, not k²/2."""
+    made = [facts(c[5], c[10], c[9], failed=c[8] == "failed") for c in calls]
+    lines = _Lines(parents)
+    seen_by_key: dict[tuple[str, str], list[int]] = {}
+    identical: dict[int, int] = {}  # call -> how many identical calls are on its line before it
+    bodies: dict[str, str] = {}
+    seen_by_name: dict[str, list[str]] = {}  # paths read or written so far, by file name
+    created: list[str] = []
+    out: list[tuple[Any, ...]] = []
+    for i, call in enumerate(calls):
+        trace_id, span_id, run_id, node_id, parent_id, tool, sig, ordinal, _s, _h, arguments, call_id = call
+        earlier = seen_by_key.setdefault((tool, sig), []) if sig is not None else []  # unknown: equals none
+        twin = next(
+            (j for j in reversed(earlier)
+             if lines.on(calls[j][4], parent_id) and (arguments is None or calls[j][10] in (None, arguments))),
+            None,
+        )  # fmt: skip
+        identical[i] = 0 if twin is None else identical[twin] + 1
+        if twin is not None:
+            between = [made[j] for j in range(twin + 1, i) if lines.on(calls[j][4], parent_id)]
+            outcome, reason = judge_repeat(made[i], made[twin], between, bodies=bodies, created=created)
+            counted = ordinal is not None and int(ordinal) >= 2
+            out.append(
+                (trace_id, span_id, run_id, node_id, tool, call_id, None if ordinal is None else int(ordinal),
+                 identical[i] + 1, counted, calls[twin][3], calls[twin][11], calls[twin][1], outcome, reason,
+                 arguments)
+            )  # fmt: skip
+        if sig is not None:
+            earlier.append(i)
+        bodies.update(made[i].bodies)
+        reads, writes = _touched(made[i])
+        for path in writes:
+            if not any(paths_overlap(path, seen) for seen in seen_by_name.get(_name(path), ())):
+                created.append(path)
+        for path in reads | writes:
+            seen_by_name.setdefault(_name(path), []).append(path)
+    return out
+
+
+def _name(path: str) -> str:
+    return path.rsplit("/", 1)[-1]
+
+
+def judge_runs(calls: Iterable[tuple[Any, ...]], think: Iterable[tuple[str, str, str | None]]) -> list[tuple[Any, ...]]:
+    """Every identical repeat (a row of :data:`REPEAT_COLUMNS`) of the ``calls``, in the order of
+    the calls (pure). ``calls``: executed calls in run and time order, each (trace_id, span_id,
+    run_id, node_id, parent_id, tool, signature, ordinal, status, result_hash, arguments,
+    call_id), every call of each run they hold; ``think``: those runs' think nodes as (run_id,
+    node_id, parent_id), so a repeat's path is known."""
+    parents: dict[str, dict[str, str | None]] = {}
+    for run_id, node_id, parent_id in think:
+        parents.setdefault(run_id, {})[node_id] = parent_id
+    by_run: dict[str, list[tuple[Any, ...]]] = {}
+    for row in calls:
+        by_run.setdefault(row[2], []).append(row)
+    out: list[tuple[Any, ...]] = []
+    for run_id, run_calls in by_run.items():
+        out.extend(_run_repeats(run_calls, parents.get(run_id, {})))
+    return out

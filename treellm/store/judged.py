@@ -1,0 +1,64 @@
+"""The judgements a store can keep beside its views: identical repeats and near pairs.
+
+Each is a rule in Python (:mod:`treellm.derive.repeats`, :mod:`treellm.derive.near`) over a
+run's calls, not a view: DuckDB's analysis runs it at query time. ClickHouse keeps its rows per
+trace instead, so a report over millions of spans judges nothing at read time: ``treellm
+derive`` ingests a pass's traces into a private DuckDB store, and :func:`create_judged` adds
+there, beside the views, a table per judgement holding that store's rows (the rule's columns,
+and ``seq``: the rule's order, by run and time). The pass then copies them like the views'
+rows (``store/clickhouse_derive.py``). The tables' columns are the one definition of
+ClickHouse's ``treellm_identical_repeats`` and ``treellm_near_pairs``.
+
+A judgement is per run, and a run lies in one trace, so judging a pass's traces alone gives
+the rows that judging the whole store gives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+import duckdb
+import pandas as pd
+
+from treellm.derive.near import PAIR_TYPES, near_pairs
+from treellm.derive.repeats import REPEAT_TYPES, judge_runs
+from treellm.store.views import NEAR_CALLS_SQL, REPEAT_CALLS_SQL, REPEAT_NODES_SQL
+
+__all__ = ["JUDGED", "create_judged"]
+
+JUDGED: Final = {
+    "identical_repeats": (*REPEAT_TYPES, ("seq", "BIGINT")),
+    "near_pairs": (*PAIR_TYPES, ("seq", "BIGINT")),
+}
+"""Each judgement's table: (column, DuckDB type), the rule's columns and its order."""
+
+
+def _table(con: duckdb.DuckDBPyConnection, name: str, rows: Sequence[tuple[Any, ...]]) -> None:
+    columns = JUDGED[name]
+    body = ", ".join(f'"{column}" {kind}' for column, kind in columns)
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {name} ({body})")
+    if not rows:
+        return
+    names = [column for column, _ in columns]
+    frame = pd.DataFrame([(*row, seq) for seq, row in enumerate(rows, 1)], columns=names).astype(object)
+    con.register("judged_frame", frame)
+    try:
+        casts = ", ".join(f'CAST("{column}" AS {kind})' for column, kind in columns)
+        con.execute(f"INSERT INTO {name} SELECT {casts} FROM judged_frame")
+    finally:
+        con.unregister("judged_frame")
+
+
+def _fetch(con: duckdb.DuckDBPyConnection, sql: str) -> Iterable[tuple[Any, ...]]:
+    return con.execute(sql).fetchall()
+
+
+def create_judged(con: duckdb.DuckDBPyConnection, where: str = "TRUE") -> None:
+    """Create (or replace) a TEMP table per judgement in the DuckDB store ``con``, holding the
+    rows of the runs whose calls ``where`` keeps (SQL on alias ``c`` of the analysis' calls, such
+    as ``c.trace_id IN (SELECT trace_id FROM chosen)``)."""
+    calls = _fetch(con, REPEAT_CALLS_SQL.format(where=where))
+    think = _fetch(con, REPEAT_NODES_SQL.format(where=where)) if calls else []
+    _table(con, "identical_repeats", judge_runs(calls, think))  # type: ignore[arg-type]
+    _table(con, "near_pairs", near_pairs(_fetch(con, NEAR_CALLS_SQL.format(where=where))))
