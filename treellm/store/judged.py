@@ -60,5 +60,5 @@ def create_judged(con: duckdb.DuckDBPyConnection, where: str = "TRUE") -> None:
     as ``c.trace_id IN (SELECT trace_id FROM chosen)``)."""
     calls = _fetch(con, REPEAT_CALLS_SQL.format(where=where))
     think = _fetch(con, REPEAT_NODES_SQL.format(where=where)) if calls else []
-    _table(con, "identical_repeats", judge_runs(calls, think))  # type: ignore[arg-type]
+    _table(con, "identical_repeats", judge_runs(calls, think))
     _table(con, "near_pairs", near_pairs(_fetch(con, NEAR_CALLS_SQL.format(where=where))))
