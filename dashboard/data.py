@@ -186,7 +186,8 @@ def sidebar_filters() -> Filters:
         first = dt.datetime.fromtimestamp(options.first_ns / 1e9, dt.UTC).date()
         last = dt.datetime.fromtimestamp(options.last_ns / 1e9, dt.UTC).date()
         window = sidebar.date_input("Runs started", value=(first, last), key="f_window")
-        if isinstance(window, tuple) and len(window) == 2:
+        # the whole range (the default) filters nothing: no condition on every query's runs
+        if isinstance(window, tuple) and len(window) == 2 and tuple(window) != (first, last):
             since = dt.datetime.combine(window[0], dt.time(), dt.UTC)
             until = dt.datetime.combine(window[1] + dt.timedelta(days=1), dt.time(), dt.UTC)
     return Filters(since, until, *(None if v == any_ else v for v in (service, agent, model, tool)))

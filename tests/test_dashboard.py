@@ -28,6 +28,7 @@ from treellm import (
     TreeConfig,
     TreeExecutor,
 )
+from treellm.analysis import Filters
 from treellm.store import ingest, open_store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -175,6 +176,31 @@ def test_overview_shows_the_key_numbers(sample_store: Path, monkeypatch: pytest.
     assert calls is not None and metrics["Tool calls (executed)"] == f"{calls[0]:,}"
     verdicts = at.dataframe[0].value
     assert {"raise", "lower", "mutates", "keep"} <= set(verdicts["verdict"])
+
+
+def test_the_whole_time_range_filters_nothing_and_a_narrower_one_filters_runs(
+    sample_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dashboard import data
+
+    seen: list[Filters] = []
+    real = data.query
+
+    def spy(name: str, filters: Filters, *extra: object) -> object:
+        seen.append(filters)
+        return real(name, filters, *extra)
+
+    monkeypatch.setattr(data, "query", spy)
+    at = page("overview", sample_store, monkeypatch)
+    assert seen and all(f.since is None and f.until is None for f in seen)  # the default: every run
+    first, last = at.date_input(key="f_window").value
+    assert first < last
+    seen.clear()
+    at.date_input(key="f_window").set_value((last, last)).run()
+    assert not at.exception
+    assert seen and all(f.since is not None and f.until is not None for f in seen)
+    runs = {m.label: m.value for m in at.metric}["Runs"]
+    assert 0 < int(runs.replace(",", "")) < 309  # only the runs that started on the last day
 
 
 def test_run_explorer_opens_the_run_and_node_of_a_deep_link(
