@@ -49,6 +49,8 @@ from treellm.store.sources import Source, choose_source, open_source
 from treellm.urls import mask_urls
 
 RUN_CHOICES = 500
+TABLE_ROWS = 1000
+"""The most rows a table of calls shows (the first, in its order; the page says of how many)."""
 """The run explorer lists the latest runs; a deep link opens any run."""
 TTL_S = 600
 """Results are kept while the data is unchanged: the cache key holds the data's version,
@@ -212,6 +214,8 @@ def _query(src: Source, stamp: ex.DataVersion, name: str, filters: Filters, extr
             return shapes_grouped(analysis.shape_by_run(con, filters), extra[0])
         if name == "actions":
             return ex.actions_by_tool(con, filters)
+        if name in ("repeats", "near_repeats") and extra:  # the first extra[0] rows
+            return getattr(analysis, name)(con, filters, limit=extra[0])
         function = getattr(analysis, name)
         return function(con, filters)
 

@@ -165,6 +165,9 @@ def test_judgements_kept_by_derive_are_what_duckdb_judges_in_its_order(
             got, expected = getattr(A, name)(ch, f), getattr(A, name)(duck, f)
             assert list(got.columns) == list(expected.columns) and _ordered(got) == _ordered(expected), (name, f)
     assert set(A.repeats(duck, A.Filters(tool=tool))["tool"]) == {tool}
+    for engine in (duck, ch):  # the first rows, in the order of the whole
+        assert _ordered(A.repeats(engine, limit=3)) == _ordered(A.repeats(duck))[:3]
+        assert _ordered(A.near_repeats(engine, limit=3)) == _ordered(A.near_repeats(duck))[:3]
 
 
 def test_report_and_tune_commands_over_clickhouse_print_what_duckdb_prints(

@@ -28,6 +28,7 @@ from treellm import (
     TreeConfig,
     TreeExecutor,
 )
+from treellm import analysis as A
 from treellm.analysis import Filters
 from treellm.store import ingest, open_store
 
@@ -302,6 +303,23 @@ def test_tools_and_tuning_pages(sample_store: Path, monkeypatch: pytest.MonkeyPa
     table = tuning.dataframe[0].value.set_index("tool")
     assert table.loc["fetch_url", "verdict"] == "raise" and table.loc["grep", "verdict"] == "lower"
     assert tuning.selectbox(key="what_if_tool").value == table.index[0]
+
+
+def test_the_tables_of_calls_show_their_first_rows_and_say_of_how_many(
+    sample_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dashboard import data
+
+    every = page("tools", sample_store, monkeypatch)
+    assert not any(c.value.startswith("The first ") for c in every.caption)  # the sample's tables are whole
+    con = open_store(sample_store, read_only=True)
+    total = len(A.repeats(con))
+    con.close()
+    monkeypatch.setattr(data, "TABLE_ROWS", 2)
+    data.st.cache_data.clear()
+    short = page("tools", sample_store, monkeypatch)
+    assert f"The first 2 of {total:,}, by run: narrow the filters to see others." in [c.value for c in short.caption]
+    assert any(len(frame.value) == 2 and "reason" in frame.value.columns for frame in short.dataframe)
 
 
 def test_the_tools_page_names_calls_without_arguments_and_the_switch_that_records_them(

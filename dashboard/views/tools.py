@@ -49,18 +49,27 @@ with data.show_problems():
     st.subheader("Identical calls beside counted ones")
     st.caption("Identical repeats: every call identical to an earlier call on its path, whatever ran between. "
                "Counted: those the limit's state-change rule counts.")  # fmt: skip
-    st.dataframe(data.query("identical_repeats_by_tool", filters), hide_index=True, width="stretch")
+    identical = data.query("identical_repeats_by_tool", filters)
+    st.dataframe(identical, hide_index=True, width="stretch")
     st.subheader("Every identical call, judged")
     st.caption("One row per identical repeat: whether the limit counts it, its outcome (productive, wasted, "
                "unknown) judged by the evidence, and why. The link opens the call in the run explorer.")  # fmt: skip
-    calls = data.query("repeats", filters)
+    calls = data.query("repeats", filters, data.TABLE_ROWS)
     if calls.empty:
         st.info("No identical repeat in this selection.")
     else:
+        total = int(identical["identical_repeats"].sum())
+        if total > len(calls):
+            st.caption(f"The first {len(calls):,} of {total:,}, by run: narrow the filters to see others.")
         st.dataframe(data.with_links(calls), hide_index=True, width="stretch",
                      column_config=data.LINK_COLUMNS)  # fmt: skip
     st.subheader("Near repeats and paging, pair by pair")
-    pairs = data.query("near_repeats", filters)
+    pairs = data.query("near_repeats", filters, data.TABLE_ROWS)
+    if not pairs.empty and not near.empty and int(near["near_repeats"].sum() + near["paging"].sum()) > len(pairs):
+        total = int(near["near_repeats"].sum() + near["paging"].sum())
+        st.caption(
+            f"The first {len(pairs):,} of {total:,}, wasted near repeats first: narrow the filters to see others."
+        )
     if pairs.empty:
         st.info("No close pairs in this selection.")
     else:

@@ -36,16 +36,19 @@ def near_repeats(
     *,
     similarity: float = DEFAULT_SIMILARITY,
     shell_tools: frozenset[str] | None = None,
+    limit: int | None = None,
 ) -> pd.DataFrame:
     """One row per close pair of consecutive calls of one tool in one run: both calls (node,
     call and span ids), ``kind`` (``near`` or ``paging``), ``detail`` (the near kind), and
     whether the later call returned the same result. Near repeats with the same result come
-    first (the wasted ones), then the rest, in run order."""
+    first (the wasted ones), then the rest, in run order (the first ``limit``, when given)."""
+    if limit is not None and limit < 0:
+        raise ValueError(f"expected a limit >= 0, got {limit}")
     engine = as_connection(con)
     where, params = (filters or Filters()).where("c")
     stored = similarity == DEFAULT_SIMILARITY and shell_tools in (None, frozenset(DEFAULT_SHELL_TOOLS))
     if engine.dialect == "clickhouse" and stored:
-        frame = engine.df(_STORED_SQL.format(where=where), params)
+        frame = engine.df(_STORED_SQL.format(where=where) + ("" if limit is None else f" LIMIT {int(limit)}"), params)
         frame = frame.astype(object).where(frame.notna(), None)
         frame["same_result"] = frame["same_result"].astype(bool)
         return frame.reset_index(drop=True)
@@ -56,7 +59,8 @@ def near_repeats(
     if frame.empty:
         return frame
     frame["_rank"] = ~(frame["kind"].eq("near") & frame["same_result"])
-    return frame.sort_values(["_rank", "run_id"], kind="stable", ignore_index=True).drop(columns="_rank")
+    ordered = frame.sort_values(["_rank", "run_id"], kind="stable", ignore_index=True).drop(columns="_rank")
+    return ordered if limit is None else ordered.head(limit)
 
 
 _COUNTS: Final = ", ".join(

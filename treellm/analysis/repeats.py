@@ -47,14 +47,17 @@ def load_calls(con: StoreConnection, filters: Filters | None = None) -> list[tup
     return _rows(as_connection(con), REPEAT_CALLS_SQL.format(where=where), params)
 
 
-def repeats(con: StoreConnection, filters: Filters | None = None) -> pd.DataFrame:
+def repeats(con: StoreConnection, filters: Filters | None = None, *, limit: int | None = None) -> pd.DataFrame:
     """One row per identical repeat (``REPEAT_COLUMNS``) of the runs and tool ``filters`` keep,
-    in run and time order."""
+    in run and time order (the first ``limit`` of them, when given)."""
+    if limit is not None and limit < 0:
+        raise ValueError(f"expected a limit >= 0, got {limit}")
     f = filters or Filters()
     engine = as_connection(con)
     where, params = f.where("c")
     if engine.dialect == "clickhouse":
-        frame = engine.df(_STORED_SQL.format(where=where), params)
+        rows = "" if limit is None else f" LIMIT {int(limit)}"
+        frame = engine.df(_STORED_SQL.format(where=where) + rows, params)
         frame = frame.astype(object).where(frame.notna(), None)
         frame["counted"] = frame["counted"].astype(bool)
         return frame.reset_index(drop=True)
@@ -64,7 +67,8 @@ def repeats(con: StoreConnection, filters: Filters | None = None) -> pd.DataFram
     think = _rows(engine, REPEAT_NODES_SQL.format(where=where), params)
     judged = judge_runs(rows, think)  # every tool of the runs chosen: the calls between count
     tool = REPEAT_COLUMNS.index("tool")
-    return pd.DataFrame([r for r in judged if f.tool is None or r[tool] == f.tool], columns=REPEAT_COLUMNS)
+    kept = [r for r in judged if f.tool is None or r[tool] == f.tool]
+    return pd.DataFrame(kept if limit is None else kept[:limit], columns=REPEAT_COLUMNS)
 
 
 IDENTICAL_COLUMNS = [
