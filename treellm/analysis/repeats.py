@@ -56,8 +56,8 @@ def repeats(con: StoreConnection, filters: Filters | None = None, *, limit: int 
     engine = as_connection(con)
     where, params = f.where("c")
     if engine.dialect == "clickhouse":
-        rows = "" if limit is None else f" LIMIT {int(limit)}"
-        frame = engine.df(_STORED_SQL.format(where=where) + rows, params)
+        first = "" if limit is None else f" LIMIT {int(limit)}"
+        frame = engine.df(_STORED_SQL.format(where=where) + first, params)
         frame = frame.astype(object).where(frame.notna(), None)
         frame["counted"] = frame["counted"].astype(bool)
         return frame.reset_index(drop=True)
