@@ -159,6 +159,17 @@ def test_a_second_pass_finds_nothing_and_a_lost_watermark_duplicates_nothing(for
     assert A.report(foreign) == before
 
 
+def test_a_changed_judgement_rule_judges_every_trace_again(
+    foreign: ClickHouseConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import treellm.store.clickhouse_views as views
+
+    assert underived(foreign) == 0
+    traces = int(foreign.df("SELECT uniqExact(TraceId) AS n FROM foreign.otel_traces")["n"][0])
+    monkeypatch.setattr(views, "rules_digest", lambda: "another rule")  # an upgrade that changed a rule
+    assert underived(foreign) == traces
+
+
 def test_a_late_root_derives_its_trace_again(connect: Connect, duck_samples: Any) -> None:
     ch = connect("late", None)
     rows = [row for path in SAMPLES for row in file_rows(path)]

@@ -52,14 +52,9 @@ from treellm.shell import DEFAULT_SHELL_TOOLS, ENVIRONMENT, CommandTargets, comm
 from treellm.signature import parse_arguments
 
 __all__ = [
-    "CODE_WRITES", "JUDGED_RULES", "REPEAT_COLUMNS", "REPEAT_TYPES", "CallFacts", "facts", "judge_repeat",
+    "CODE_WRITES", "REPEAT_COLUMNS", "REPEAT_TYPES", "CallFacts", "facts", "judge_repeat",
     "judge_runs",
 ]  # fmt: skip
-
-JUDGED_RULES: Final = 1
-"""The version of the judgements below (identical repeats here, near pairs in
-:mod:`treellm.derive.near`): bump it when a rule changes what it says, so a store that keeps
-judgements (ClickHouse's derived tables) judges its traces again."""
 
 REPEAT_TYPES: Final = (
     ("trace_id", "VARCHAR"), ("span_id", "VARCHAR"), ("run_id", "VARCHAR"), ("node_id", "VARCHAR"),

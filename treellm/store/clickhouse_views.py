@@ -44,9 +44,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from treellm.derive.repeats import JUDGED_RULES
 from treellm.errors import ConfigError
-from treellm.store.judged import JUDGED
+from treellm.store.judged import JUDGED, rules_digest
 from treellm.store.views import VIEWS, duckdb_views
 
 __all__ = [
@@ -218,10 +217,10 @@ def derived_view_ddl(database: str, view: str, columns: Sequence[Column]) -> str
 
 def derived_schema(spans: Sequence[Column], views: Mapping[str, Sequence[Column]]) -> str:
     """What a trace is derived under: a digest of the store's ``spans`` columns, its views'
-    columns and their SQL, and the version of the judgements' rules (pure). ``treellm_traces``
-    records it per trace; a trace recorded under another digest (an upgrade that changed a view
-    or a rule) is derived again."""
-    text = json.dumps([list(spans), {k: list(v) for k, v in sorted(views.items())}, duckdb_views(), JUDGED_RULES])
+    columns and their SQL, and the code of the judgements' rules
+    (:func:`~treellm.store.judged.rules_digest`). ``treellm_traces`` records it per trace; a trace
+    recorded under another digest (an upgrade that changed a view or a rule) is derived again."""
+    text = json.dumps([list(spans), {k: list(v) for k, v in sorted(views.items())}, duckdb_views(), rules_digest()])
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 

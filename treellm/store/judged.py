@@ -15,23 +15,49 @@ the rows that judging the whole store gives.
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib
+import inspect
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 import duckdb
 import pandas as pd
 
+from treellm._version import __version__
 from treellm.derive.near import PAIR_TYPES, near_pairs
 from treellm.derive.repeats import REPEAT_TYPES, judge_runs
 from treellm.store.views import NEAR_CALLS_SQL, REPEAT_CALLS_SQL, REPEAT_NODES_SQL
 
-__all__ = ["JUDGED", "create_judged"]
+__all__ = ["JUDGED", "create_judged", "rules_digest"]
 
 JUDGED: Final = {
     "identical_repeats": (*REPEAT_TYPES, ("seq", "BIGINT")),
     "near_pairs": (*PAIR_TYPES, ("seq", "BIGINT")),
 }
 """Each judgement's table: (column, DuckDB type), the rule's columns and its order."""
+
+
+_RULES: Final = (
+    "treellm.derive.repeats", "treellm.derive.near", "treellm.engine.repeats", "treellm.shell.targets",
+    "treellm.shell._effect", "treellm.signature",
+)  # fmt: skip
+"""The modules whose code decides what the judgements say."""
+
+
+@functools.cache
+def rules_digest() -> str:
+    """A digest of the judgements' rules: the source of :data:`_RULES` (an installation without
+    sources: the module names and treellm's version). A store that keeps judgements records it,
+    so any change to a rule judges the traces again, with no version to remember to bump."""
+    digest = hashlib.sha256()
+    for name in _RULES:
+        try:
+            digest.update(inspect.getsource(importlib.import_module(name)).encode("utf-8"))
+        except (OSError, TypeError):
+            digest.update(f"{name}:{__version__}".encode())
+    return digest.hexdigest()[:16]
 
 
 def _table(con: duckdb.DuckDBPyConnection, name: str, rows: Sequence[tuple[Any, ...]]) -> None:
