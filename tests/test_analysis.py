@@ -111,6 +111,11 @@ def test_shapes_per_run_and_their_distribution(day: duckdb.DuckDBPyConnection) -
     assert not forked.empty and (forked["agent"] == "researcher").all()
     dist = shape_distribution(day).set_index("measure")
     assert dist.loc["nodes", "runs"] == 300 and dist.loc["nodes", "max"] >= dist.loc["nodes", "p90"]
+    for measure, row in dist.iterrows():  # computed in SQL: what pandas computes over the runs
+        values = shapes[str(measure)].astype(float)
+        expected = [values.mean(), values.quantile(0.5), values.quantile(0.9), values.max()]
+        assert [row["mean"], row["p50"], row["p90"], row["max"]] == pytest.approx(expected, rel=1e-12)
+    assert shape_distribution(day, Filters(service="no-such-service")).empty
 
 
 def test_filters_select_runs_and_tools(day: duckdb.DuckDBPyConnection) -> None:

@@ -20,7 +20,7 @@ import pandas as pd
 
 from treellm.analysis.filters import Filters
 from treellm.analysis.measures import CLICKHOUSE_SETTINGS, REPEATS_SQL
-from treellm.store.backend import StoreConnection, as_connection
+from treellm.store.backend import Connection, StoreConnection, as_connection
 
 __all__ = [
     "RUN_SORTS",
@@ -134,9 +134,9 @@ _NODE_COLUMNS = """n.node_id AS node_id, n.kind AS kind, n.parent_id AS parent_i
 _RUN_NODES_SQL = f"""
 SELECT {_NODE_COLUMNS.format(limit='"limit"', text="s.attributes['treellm.think.text']")}
 FROM nodes n
-JOIN (SELECT trace_id, span_id, name, arguments, result, input_tokens, output_tokens, attributes
-      FROM spans WHERE run_id = ?) s USING (trace_id, span_id)
-WHERE n.run_id = ?
+JOIN (SELECT x.trace_id, x.span_id, x.name, x.arguments, x.result, x.input_tokens, x.output_tokens, x.attributes
+      FROM spans x WHERE {{in_run_x}}) s USING (trace_id, span_id)
+WHERE {{in_run_n}}
 ORDER BY n.start_ns, n.node_id
 """
 
@@ -150,19 +150,35 @@ _RUN_NODES_SQL_CLICKHOUSE = _RUN_NODES_SQL.replace(
 )
 
 
+def _in_run(c: Connection, alias: str, run_id: str) -> tuple[str, list[Any]]:
+    """The condition that a row (aliased ``alias``) belongs to the run, with its parameters. Over
+    ClickHouse it also names the run's trace, the key of every derived table (``ORDER BY
+    (trace_id, ...)``), so a run's rows are read from its trace's granules, not from a scan of
+    every trace; ``treellm derive`` derives a trace's runs from that trace alone, so a run there
+    lies in one trace."""
+    if c.dialect == "clickhouse":
+        return (
+            f"{alias}.trace_id IN (SELECT r.trace_id FROM runs r WHERE r.run_id = ?) AND {alias}.run_id = ?",
+            [run_id, run_id],
+        )
+    return f"{alias}.run_id = ?", [run_id]
+
+
 def run_nodes(con: StoreConnection, run_id: str) -> pd.DataFrame:
     """One run's nodes in start order, with the captured content of their spans (arguments,
     result, model text) and the span's name and token counts."""
     c = as_connection(con)
     sql = _RUN_NODES_SQL_CLICKHOUSE if c.dialect == "clickhouse" else _RUN_NODES_SQL
-    return c.df(sql, [run_id, run_id])
+    in_run_x, params_x = _in_run(c, "x", run_id)
+    in_run_n, params_n = _in_run(c, "n", run_id)
+    return c.df(sql.format(in_run_x=in_run_x, in_run_n=in_run_n), [*params_x, *params_n])
 
 
 _RUN_LOOPS_SQL = """
 SELECT l.node_id AS node_id, l.tool AS tool, l.signature AS signature, l.{count} AS {count}, l.{limit} AS {limit},
        l.limit_source AS limit_source, l.action AS action, l.shadow AS shadow, l.arguments AS arguments,
        l.earlier_node_ids_raw AS earlier_node_ids, l.time_ns AS time_ns
-FROM loop_events l WHERE l.run_id = ? ORDER BY l.time_ns
+FROM loop_events l WHERE {in_run} ORDER BY l.time_ns
 """
 
 
@@ -188,7 +204,9 @@ def run_loop_events(con: StoreConnection, run_id: str) -> pd.DataFrame:
     is a JSON list of node ids and ``shadow`` a bool on every engine."""
     c = as_connection(con)
     quote = "`" if c.dialect == "clickhouse" else '"'
-    frame = c.df(_RUN_LOOPS_SQL.format(count=f"{quote}count{quote}", limit=f"{quote}limit{quote}"), [run_id])
+    in_run, params = _in_run(c, "l", run_id)
+    sql = _RUN_LOOPS_SQL.format(count=f"{quote}count{quote}", limit=f"{quote}limit{quote}", in_run=in_run)
+    frame = c.df(sql, params)
     frame["earlier_node_ids"] = frame["earlier_node_ids"].map(id_list_text).astype(object)
     frame["shadow"] = frame["shadow"].astype(bool)
     return frame
@@ -318,7 +336,7 @@ SELECT s.span_id AS span_id, s.parent_span_id AS parent_span_id, s.name AS name,
        coalesce(s.node_kind, CASE s.operation WHEN 'execute_tool' THEN 'tool' WHEN 'chat' THEN 'think' END) AS kind,
        s.tool_name AS tool, s.start_ns AS start_ns, s.end_ns AS end_ns,
        CASE WHEN s.status_code = 2 OR s.node_status = 'failed' THEN 'failed' ELSE 'ok' END AS status
-FROM spans s WHERE s.run_id = ?
+FROM spans s WHERE {in_run}
 ORDER BY s.start_ns, s.span_id
 """
 
@@ -326,19 +344,21 @@ ORDER BY s.start_ns, s.span_id
 def run_spans(con: StoreConnection, run_id: str) -> pd.DataFrame:
     """Every span of one run in start order, for a waterfall: ids, name, operation, node id
     and kind (None: not a node), tool, start and end (ns) and ``ok``/``failed``."""
-    return as_connection(con).df(_RUN_SPANS_SQL, [run_id])
+    c = as_connection(con)
+    in_run, params = _in_run(c, "s", run_id)
+    return c.df(_RUN_SPANS_SQL.format(in_run=in_run), params)
 
 
 _NODE_ATTRIBUTES_SQL = """
 SELECT a.key AS key, a.value AS value FROM (
     SELECT unnest(map_keys(s.attributes)) AS key, unnest(map_values(s.attributes)) AS value
-    FROM spans s WHERE s.run_id = ? AND coalesce(s.node_id, s.span_id) = ?
+    FROM spans s WHERE {in_run} AND coalesce(s.node_id, s.span_id) = ?
 ) a ORDER BY a.key
 """
 _NODE_ATTRIBUTES_SQL_CLICKHOUSE = """
 SELECT k AS key, v AS value
 FROM spans s ARRAY JOIN mapKeys(s.attributes) AS k, mapValues(s.attributes) AS v
-WHERE s.run_id = ? AND coalesce(s.node_id, s.span_id) = ?
+WHERE {in_run} AND coalesce(s.node_id, s.span_id) = ?
 ORDER BY key
 """
 
@@ -376,7 +396,8 @@ def node_attributes(con: StoreConnection, run_id: str, node_id: str) -> pd.DataF
     store keeps them, arrays as JSON lists on every engine (:func:`attribute_text`)."""
     c = as_connection(con)
     sql = _NODE_ATTRIBUTES_SQL_CLICKHOUSE if c.dialect == "clickhouse" else _NODE_ATTRIBUTES_SQL
-    frame = c.df(sql, [run_id, node_id])
+    in_run, params = _in_run(c, "s", run_id)
+    frame = c.df(sql.format(in_run=in_run), [*params, node_id])
     frame["value"] = frame["value"].map(lambda v: attribute_text(v) if isinstance(v, str) else v).astype(object)
     return frame
 

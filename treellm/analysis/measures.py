@@ -220,18 +220,35 @@ def shape_by_run(con: StoreConnection, filters: Filters | None = None) -> pd.Dat
     return _df(con, _SHAPE_SQL.format(run_where=run_where), params)
 
 
+_SHAPE_MEASURES = ("nodes", "max_depth", "max_breadth", "branching_factor", "leaves", "pruned_calls")
+
+
 def shape_distribution(con: StoreConnection, filters: Filters | None = None) -> pd.DataFrame:
-    """Distributions across runs: count, mean and percentiles of each shape measure."""
-    shapes = shape_by_run(con, filters)
-    columns = ["nodes", "max_depth", "max_breadth", "branching_factor", "leaves", "pruned_calls"]
-    if shapes.empty:
+    """Distributions across runs: count, mean and percentiles (linearly interpolated, as
+    pandas' ``quantile``) of each shape measure, computed where the runs are."""
+    run_where, params = (filters or Filters()).run_condition("r")
+    clickhouse = _dialect(con) == "clickhouse"
+
+    def quantile(column: str, level: float) -> str:
+        if clickhouse:
+            return f"quantileExactInclusive({level})(toFloat64(s.{column}))"
+        return f"quantile_cont(CAST(s.{column} AS DOUBLE), {level})"
+
+    parts = [
+        f"avg(CAST(s.{c} AS DOUBLE)) AS {c}_mean, {quantile(c, 0.5)} AS {c}_p50, {quantile(c, 0.9)} AS {c}_p90, "
+        f"max(CAST(s.{c} AS DOUBLE)) AS {c}_max"
+        for c in _SHAPE_MEASURES
+    ]
+    shape = _SHAPE_SQL.format(run_where=run_where).replace("ORDER BY r.start_ns", "")
+    found = _df(con, f"SELECT count(*) AS runs, {', '.join(parts)} FROM ({shape}) s", params)
+    runs = int(found["runs"].iloc[0]) if len(found) else 0
+    if runs == 0:
         return pd.DataFrame(columns=["measure", "runs", "mean", "p50", "p90", "max"])
-    rows = []
-    for column in columns:
-        values = shapes[column].astype(float)
-        rows.append({"measure": column, "runs": len(values), "mean": values.mean(), "p50": values.quantile(0.5),
-                     "p90": values.quantile(0.9), "max": values.max()})  # fmt: skip
-    return pd.DataFrame(rows)
+    row = found.iloc[0]
+    return pd.DataFrame(
+        [{"measure": c, "runs": runs, **{k: float(row[f"{c}_{k}"]) for k in ("mean", "p50", "p90", "max")}}
+         for c in _SHAPE_MEASURES]
+    )  # fmt: skip
 
 
 def runs_by_day(con: StoreConnection, filters: Filters | None = None) -> pd.DataFrame:
