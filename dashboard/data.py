@@ -200,9 +200,6 @@ def _query(src: Source, stamp: ex.DataVersion, name: str, filters: Filters, extr
     with _connect(src) as con:
         if name == "tuning":
             return analysis.tuning_by_tool(con, filters, tolerance=extra[0])
-        if name == "limits_toml":
-            tuning = analysis.tuning_by_tool(con, filters, tolerance=extra[0])
-            return analysis.limits_toml(tuning, rules=analysis.rules_by_tool(con, filters))
         if name == "what_if":
             return analysis.what_if_by_tool_limit(con, Filters(filters.since, filters.until, filters.service,
                                                                 filters.agent, filters.model, extra[0]))  # fmt: skip
@@ -222,6 +219,8 @@ def _query(src: Source, stamp: ex.DataVersion, name: str, filters: Filters, extr
 
 def query(name: str, filters: Filters, *extra: Any) -> Any:
     """Run an analysis function (by name) or a dashboard query, cached while the data is unchanged."""
+    if name == "limits_toml":  # from the tuning and the rules the page has already asked for
+        return analysis.limits_toml(query("tuning", filters, *extra), rules=query("rules_by_tool", filters))
     return _query(*_key(), name, filters, extra)
 
 

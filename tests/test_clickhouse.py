@@ -165,6 +165,10 @@ def test_judgements_kept_by_derive_are_what_duckdb_judges_in_its_order(
             got, expected = getattr(A, name)(ch, f), getattr(A, name)(duck, f)
             assert list(got.columns) == list(expected.columns) and _ordered(got) == _ordered(expected), (name, f)
     assert set(A.repeats(duck, A.Filters(tool=tool))["tool"]) == {tool}
+    tools = set(A.repeats(duck)["tool"].value_counts().index[1:])  # every tool but the most repeated
+    for engine in (duck, ch):  # only those tools' repeats, judged with every call between
+        every = A.repeats(duck)
+        assert _ordered(A.repeats(engine, tools=tools)) == _ordered(every[every["tool"].isin(tools)])
     for engine in (duck, ch):  # the first rows, in the order of the whole
         assert _ordered(A.repeats(engine, limit=3)) == _ordered(A.repeats(duck))[:3]
         assert _ordered(A.near_repeats(engine, limit=3)) == _ordered(A.near_repeats(duck))[:3]

@@ -9,6 +9,7 @@ view), so nothing is judged at read time there.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any, Final
 
 import pandas as pd
@@ -39,35 +40,54 @@ def _rows(engine: Any, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
     return list(frame.where(frame.notna(), None).itertuples(index=False, name=None))
 
 
-def load_calls(con: StoreConnection, filters: Filters | None = None) -> list[tuple[Any, ...]]:
-    """The executed calls of the runs that hold an identical repeat, in run and time order:
-    (trace_id, span_id, run_id, node_id, parent_id, tool, signature, ordinal, status,
-    result_hash, arguments, call_id)."""
+def _where(filters: Filters | None, tools: Collection[str] | None) -> tuple[str, list[Any]]:
+    """The condition on the calls (alias ``c``) of ``filters``, and of ``tools`` when given."""
     where, params = (filters or Filters()).where("c")
+    if tools is None:
+        return where, params
+    chosen = sorted(tools)
+    if not chosen:
+        return "FALSE", []
+    return f"{where} AND c.tool IN ({', '.join('?' for _ in chosen)})", [*params, *chosen]
+
+
+def load_calls(
+    con: StoreConnection, filters: Filters | None = None, *, tools: Collection[str] | None = None
+) -> list[tuple[Any, ...]]:
+    """The executed calls of the runs that hold an identical repeat (of one of ``tools``, when
+    given), every call of those runs, in run and time order: (trace_id, span_id, run_id,
+    node_id, parent_id, tool, signature, ordinal, status, result_hash, arguments, call_id)."""
+    where, params = _where(filters, tools)
     return _rows(as_connection(con), REPEAT_CALLS_SQL.format(where=where), params)
 
 
-def repeats(con: StoreConnection, filters: Filters | None = None, *, limit: int | None = None) -> pd.DataFrame:
-    """One row per identical repeat (``REPEAT_COLUMNS``) of the runs and tool ``filters`` keep,
-    in run and time order (the first ``limit`` of them, when given)."""
+def repeats(
+    con: StoreConnection,
+    filters: Filters | None = None,
+    *,
+    limit: int | None = None,
+    tools: Collection[str] | None = None,
+) -> pd.DataFrame:
+    """One row per identical repeat (``REPEAT_COLUMNS``) of the runs and tool ``filters`` keep
+    (and of ``tools``, when given), in run and time order (the first ``limit``, when given)."""
     if limit is not None and limit < 0:
         raise ValueError(f"expected a limit >= 0, got {limit}")
     f = filters or Filters()
     engine = as_connection(con)
-    where, params = f.where("c")
+    where, params = _where(f, tools)
     if engine.dialect == "clickhouse":
         first = "" if limit is None else f" LIMIT {int(limit)}"
         frame = engine.df(_STORED_SQL.format(where=where) + first, params)
         frame = frame.astype(object).where(frame.notna(), None)
         frame["counted"] = frame["counted"].astype(bool)
         return frame.reset_index(drop=True)
-    rows = load_calls(con, f)
+    rows = load_calls(con, f, tools=tools)
     if not rows:
         return pd.DataFrame([], columns=REPEAT_COLUMNS)
     think = _rows(engine, REPEAT_NODES_SQL.format(where=where), params)
     judged = judge_runs(rows, think)  # every tool of the runs chosen: the calls between count
     tool = REPEAT_COLUMNS.index("tool")
-    kept = [r for r in judged if f.tool is None or r[tool] == f.tool]
+    kept = [r for r in judged if (f.tool is None or r[tool] == f.tool) and (tools is None or r[tool] in tools)]
     return pd.DataFrame(kept if limit is None else kept[:limit], columns=REPEAT_COLUMNS)
 
 

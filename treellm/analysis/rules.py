@@ -112,11 +112,11 @@ def rules_by_tool(
     repeats hidden by that kind of program, the wasted repeats the rule lets the limit
     count, the productive repeats it would let the limit prune, whether it is advised, and
     example programs."""
-    found = every if every is not None else repeats(con, filters)
+    found = every if every is not None else repeats(con, filters, tools=DEFAULT_SHELL_TOOLS)
     found = found[found["tool"].isin(DEFAULT_SHELL_TOOLS)] if len(found) else found
     if not len(found):
         return pd.DataFrame([], columns=RULE_COLUMNS)
-    calls = load_calls(con, filters)
+    calls = load_calls(con, filters, tools=DEFAULT_SHELL_TOOLS)  # the runs of those repeats, whole
     by_node = {(c[2], c[3]): i for i, c in enumerate(calls)}
     hidden: dict[str, Counter[str]] = defaultdict(Counter)
     examples: dict[tuple[str, str], list[str]] = defaultdict(list)
