@@ -16,7 +16,7 @@ import pandas as pd
 
 from treellm.analysis.filters import Filters
 from treellm.derive.repeats import CODE_WRITES, REPEAT_COLUMNS, CallFacts, judge_repeat, judge_runs
-from treellm.store.backend import StoreConnection, as_connection
+from treellm.store.backend import Connection, DuckDBConnection, StoreConnection, as_connection
 from treellm.store.views import REPEAT_CALLS_SQL, REPEAT_NODES_SQL
 
 __all__ = [
@@ -35,7 +35,10 @@ _STORED_SQL: Final = (
 )
 
 
-def _rows(engine: Any, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+def _rows(engine: Connection, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    """The rows as tuples of Python values (None for NULL): straight from DuckDB, without a frame."""
+    if isinstance(engine, DuckDBConnection):
+        return engine.raw.execute(sql, params).fetchall()
     frame = engine.df(sql, params).astype(object)
     return list(frame.where(frame.notna(), None).itertuples(index=False, name=None))
 

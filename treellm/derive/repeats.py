@@ -103,11 +103,19 @@ class CallFacts:
 
 def facts(tool: str, arguments: str | None, result_hash: str | None, *, failed: bool) -> CallFacts:
     """:class:`CallFacts` of a stored call (targets by the default rule of its tool)."""
+    targets, command, bodies = _read(tool, arguments)
+    return CallFacts(tool, arguments, result_hash, failed, targets, command, bodies)
+
+
+@functools.lru_cache(maxsize=16_384)
+def _read(tool: str, arguments: str | None) -> tuple[CallTargets, str | None, dict[str, str]]:
+    """(targets, shell command, heredoc bodies) of a call's arguments: the same text read once
+    (an agent's repeats are the same text; the bodies are shared, and read, never changed)."""
     value = parse_arguments(arguments or "")
     command = command_text(value) if tool in DEFAULT_SHELL_TOOLS else None
     targets = CallTargets(None, None, True) if arguments is None else call_targets(_RULE, tool, value)
     bodies = {m[1].removeprefix("./"): m[3] for m in _HEREDOC.finditer(command)} if command else {}
-    return CallFacts(tool, arguments, result_hash, failed, targets, command, bodies)
+    return targets, command, bodies
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -227,23 +235,30 @@ class _Lines:
 
     def __init__(self, parents: dict[str, str | None]) -> None:
         children: dict[str | None, list[str]] = {}
-        nodes = set(parents) | {p for p in parents.values() if p is not None}
-        for node in nodes:
-            children.setdefault(parents.get(node), []).append(node)
-        self.pre: dict[str, int] = {}
-        self.post: dict[str, int] = {}
+        for node, parent in parents.items():
+            children.setdefault(parent, []).append(node)
+        roots = children.setdefault(None, [])
+        roots.extend({p for p in parents.values() if p is not None and p not in parents})
+        pre: dict[str, int] = {}
+        post: dict[str, int] = {}
         counter = 0
-        stack: list[tuple[str, bool]] = [(root, False) for root in sorted(children.get(None, ()), reverse=True)]
-        while stack:
+        stack: list[tuple[str, bool]] = [(root, False) for root in roots]
+        while stack:  # any order of children numbers the same lines
             node, leaving = stack.pop()
             if leaving:
-                self.post[node] = counter
+                post[node] = counter
                 counter += 1
                 continue
-            self.pre[node] = counter
+            kids = children.get(node)
+            if not kids:  # a leaf (most nodes): entered and left at once
+                pre[node], post[node] = counter, counter + 1
+                counter += 2
+                continue
+            pre[node] = counter
             counter += 1
             stack.append((node, True))
-            stack.extend((child, False) for child in sorted(children.get(node, ()), reverse=True))
+            stack.extend((child, False) for child in kids)
+        self.pre, self.post = pre, post
 
     def on(self, node: str | None, end: str | None) -> bool:
         """Whether ``node`` (None: the run itself) is on the line from the run to ``end``. A node
