@@ -18,7 +18,7 @@ import pandas as pd
 from treellm.analysis.filters import Filters
 from treellm.derive.near import NEAR_KINDS, PAIR_COLUMNS, classify_commands, classify_pair, near_pairs
 from treellm.shell import DEFAULT_SHELL_TOOLS
-from treellm.store.backend import StoreConnection, as_connection
+from treellm.store.backend import StoreConnection, as_connection, fetch_rows
 from treellm.store.views import NEAR_CALLS_SQL
 
 __all__ = ["classify_commands", "classify_pair", "near_repeat_pairs", "near_repeats", "near_repeats_by_tool"]
@@ -52,9 +52,7 @@ def near_repeats(
         frame = frame.astype(object).where(frame.notna(), None)
         frame["same_result"] = frame["same_result"].astype(bool)
         return frame.reset_index(drop=True)
-    calls = engine.df(NEAR_CALLS_SQL.format(where=where), params)
-    # plain Python lists: iterating Arrow-backed columns row by row costs more than the rest
-    rows = zip(*(calls[column].tolist() for column in calls.columns), strict=True)
+    rows = fetch_rows(engine, NEAR_CALLS_SQL.format(where=where), params)
     frame = pd.DataFrame(near_pairs(rows, similarity=similarity, shell_tools=shell_tools), columns=PAIR_COLUMNS)
     if frame.empty:
         return frame

@@ -16,7 +16,7 @@ import pandas as pd
 
 from treellm.analysis.filters import Filters
 from treellm.derive.repeats import CODE_WRITES, REPEAT_COLUMNS, CallFacts, judge_repeat, judge_runs
-from treellm.store.backend import Connection, DuckDBConnection, StoreConnection, as_connection
+from treellm.store.backend import StoreConnection, as_connection, fetch_rows
 from treellm.store.views import REPEAT_CALLS_SQL, REPEAT_NODES_SQL
 
 __all__ = [
@@ -33,14 +33,6 @@ _STORED_SQL: Final = (
     f"SELECT {', '.join(f'c.{name}' for name in REPEAT_COLUMNS)} FROM identical_repeats c "
     "WHERE {where} ORDER BY c.run_id, c.seq"
 )
-
-
-def _rows(engine: Connection, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
-    """The rows as tuples of Python values (None for NULL): straight from DuckDB, without a frame."""
-    if isinstance(engine, DuckDBConnection):
-        return engine.raw.execute(sql, params).fetchall()
-    frame = engine.df(sql, params).astype(object)
-    return list(frame.where(frame.notna(), None).itertuples(index=False, name=None))
 
 
 def _where(filters: Filters | None, tools: Collection[str] | None) -> tuple[str, list[Any]]:
@@ -61,7 +53,7 @@ def load_calls(
     given), every call of those runs, in run and time order: (trace_id, span_id, run_id,
     node_id, parent_id, tool, signature, ordinal, status, result_hash, arguments, call_id)."""
     where, params = _where(filters, tools)
-    return _rows(as_connection(con), REPEAT_CALLS_SQL.format(where=where), params)
+    return fetch_rows(con, REPEAT_CALLS_SQL.format(where=where), params)
 
 
 def repeats(
@@ -87,7 +79,7 @@ def repeats(
     rows = load_calls(con, f, tools=tools)
     if not rows:
         return pd.DataFrame([], columns=REPEAT_COLUMNS)
-    think = _rows(engine, REPEAT_NODES_SQL.format(where=where), params)
+    think = fetch_rows(engine, REPEAT_NODES_SQL.format(where=where), params)
     judged = judge_runs(rows, think)  # every tool of the runs chosen: the calls between count
     tool = REPEAT_COLUMNS.index("tool")
     kept = [r for r in judged if (f.tool is None or r[tool] == f.tool) and (tools is None or r[tool] in tools)]

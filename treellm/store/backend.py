@@ -35,7 +35,7 @@ from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 import duckdb
 import pandas as pd
 
-__all__ = ["Connection", "Dialect", "DuckDBConnection", "StoreConnection", "as_connection"]
+__all__ = ["Connection", "Dialect", "DuckDBConnection", "StoreConnection", "as_connection", "fetch_rows"]
 
 Dialect: TypeAlias = Literal["duckdb", "clickhouse"]
 
@@ -84,3 +84,13 @@ def as_connection(con: StoreConnection) -> Connection:
     if isinstance(con, duckdb.DuckDBPyConnection):
         return DuckDBConnection(con)
     return con
+
+
+def fetch_rows(con: StoreConnection, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    """One query's rows as tuples of Python values (None for NULL): straight from DuckDB, without a
+    DataFrame (what a rule that walks the rows in Python wants); through a frame otherwise."""
+    engine = as_connection(con)
+    if isinstance(engine, DuckDBConnection):
+        return engine.raw.execute(sql, list(params)).fetchall()
+    frame = engine.df(sql, params).astype(object)
+    return list(frame.where(frame.notna(), None).itertuples(index=False, name=None))

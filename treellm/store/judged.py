@@ -19,7 +19,7 @@ import functools
 import hashlib
 import importlib
 import inspect
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, Final
 
 import duckdb
@@ -28,6 +28,7 @@ import pandas as pd
 from treellm._version import __version__
 from treellm.derive.near import PAIR_TYPES, near_pairs
 from treellm.derive.repeats import REPEAT_TYPES, judge_runs
+from treellm.store.backend import fetch_rows
 from treellm.store.views import NEAR_CALLS_SQL, REPEAT_CALLS_SQL, REPEAT_NODES_SQL
 
 __all__ = ["JUDGED", "create_judged", "rules_digest"]
@@ -76,15 +77,11 @@ def _table(con: duckdb.DuckDBPyConnection, name: str, rows: Sequence[tuple[Any, 
         con.unregister("judged_frame")
 
 
-def _fetch(con: duckdb.DuckDBPyConnection, sql: str) -> Iterable[tuple[Any, ...]]:
-    return con.execute(sql).fetchall()
-
-
 def create_judged(con: duckdb.DuckDBPyConnection, where: str = "TRUE") -> None:
     """Create (or replace) a TEMP table per judgement in the DuckDB store ``con``, holding the
     rows of the runs whose calls ``where`` keeps (SQL on alias ``c`` of the analysis' calls, such
     as ``c.trace_id IN (SELECT trace_id FROM chosen)``)."""
-    calls = _fetch(con, REPEAT_CALLS_SQL.format(where=where))
-    think = _fetch(con, REPEAT_NODES_SQL.format(where=where)) if calls else []
+    calls = fetch_rows(con, REPEAT_CALLS_SQL.format(where=where))
+    think = fetch_rows(con, REPEAT_NODES_SQL.format(where=where)) if calls else []
     _table(con, "identical_repeats", judge_runs(calls, think))
-    _table(con, "near_pairs", near_pairs(_fetch(con, NEAR_CALLS_SQL.format(where=where))))
+    _table(con, "near_pairs", near_pairs(fetch_rows(con, NEAR_CALLS_SQL.format(where=where))))
