@@ -201,7 +201,7 @@ def test_a_trace_derived_again_into_fewer_rows_keeps_none_of_the_old(
             con.execute("SELECT * EXCLUDE (source) FROM runs").df()
         )
         # the same traces derived again without a run's spans: fewer runs, nodes and calls
-        run = con.execute("SELECT run_id FROM runs ORDER BY run_id LIMIT 1").fetchone()[0]
+        run = str(A.repeats(con)["run_id"].iloc[0])  # a run with an identical repeat: judged rows go too
         con.execute("DELETE FROM span_events WHERE span_id IN (SELECT span_id FROM spans WHERE run_id = ?)", [run])
         con.execute("DELETE FROM spans WHERE run_id = ?", [run])
         write_derived(con, ch, traces, version=2)
@@ -211,8 +211,13 @@ def test_a_trace_derived_again_into_fewer_rows_keeps_none_of_the_old(
             select = f"SELECT {', '.join(f'`{c}`' for c in columns)} FROM {view}"
             assert normalised(ch.df(select)) == normalised(con.execute(select.replace("`", '"')).df()), view
         assert run not in set(ch.df("SELECT run_id FROM runs")["run_id"])
-    deleted = ch.df(f"SELECT count() AS n FROM {ch.database}.treellm_nodes WHERE is_deleted = 1")
-    assert int(deleted["n"][0]) > 0  # the numbers beyond the new count, deleted
+        for name in ("repeats", "near_repeats"):  # the judgements kept per trace, renumbered too
+            got, expected = getattr(A, name)(ch), getattr(A, name)(con)
+            assert normalised(got) == normalised(expected), name
+        assert run not in set(A.repeats(ch)["run_id"])
+    for table in ("treellm_nodes", "treellm_identical_repeats"):
+        deleted = ch.df(f"SELECT count() AS n FROM {ch.database}.{table} WHERE is_deleted = 1")
+        assert int(deleted["n"][0]) > 0, table  # the numbers beyond the new count, deleted
 
 
 def _derived_spans(ch: ClickHouseConnection) -> list[bytes]:
