@@ -209,7 +209,6 @@ SELECT r.run_id AS run_id, r.agent AS agent, r.service AS service, r.model AS mo
        coalesce(s.leaves, 0) AS leaves, r.pruned_calls AS pruned_calls, r.shadow_catches AS shadow_catches
 FROM runs r LEFT JOIN run_shapes s ON s.run_id = r.run_id
 WHERE {run_where}
-ORDER BY r.start_ns
 """
 
 
@@ -217,7 +216,7 @@ def shape_by_run(con: StoreConnection, filters: Filters | None = None) -> pd.Dat
     """Per run: nodes by kind, max depth, breadth per depth (ThinkNodes), branching factor
     (mean children of a node with children), leaves, pruned calls, outcome."""
     run_where, params = (filters or Filters()).run_condition("r")
-    return _df(con, _SHAPE_SQL.format(run_where=run_where), params)
+    return _df(con, _SHAPE_SQL.format(run_where=run_where) + "ORDER BY r.start_ns", params)
 
 
 _SHAPE_MEASURES = ("nodes", "max_depth", "max_breadth", "branching_factor", "leaves", "pruned_calls")
@@ -239,7 +238,7 @@ def shape_distribution(con: StoreConnection, filters: Filters | None = None) -> 
         f"max(CAST(s.{c} AS DOUBLE)) AS {c}_max"
         for c in _SHAPE_MEASURES
     ]
-    shape = _SHAPE_SQL.format(run_where=run_where).replace("ORDER BY r.start_ns", "")
+    shape = _SHAPE_SQL.format(run_where=run_where)
     found = _df(con, f"SELECT count(*) AS runs, {', '.join(parts)} FROM ({shape}) s", params)
     runs = int(found["runs"].iloc[0]) if len(found) else 0
     if runs == 0:

@@ -97,23 +97,21 @@ SELECT c.tool AS tool, count(*) AS identical_repeats, sum(CASE WHEN c.outcome = 
     sum(CASE WHEN c.counted THEN 1 ELSE 0 END) AS counted,
     sum(CASE WHEN c.counted AND c.outcome = 'wasted' THEN 1 ELSE 0 END) AS counted_wasted
 FROM identical_repeats c
-WHERE {where} AND c.tool IS NOT NULL
+WHERE {where}
 GROUP BY c.tool
 ORDER BY c.tool"""
 
 
-def identical_repeats_by_tool(
-    con: StoreConnection, filters: Filters | None = None, *, every: pd.DataFrame | None = None
-) -> pd.DataFrame:
+def identical_repeats_by_tool(con: StoreConnection, filters: Filters | None = None) -> pd.DataFrame:
     """Per tool (``IDENTICAL_COLUMNS``): every identical repeat and its outcomes beside those
-    the limit's rule counts (``every``: a :func:`repeats` frame already at hand). Over
+    the limit's rule counts; repeats of a call that names no tool in a group of their own. Over
     ClickHouse, counted where the judgements are kept, without fetching them."""
     engine = as_connection(con)
-    if every is None and engine.dialect == "clickhouse":
+    if engine.dialect == "clickhouse":
         where, params = (filters or Filters()).where("c")
         counts = engine.df(_BY_TOOL_SQL.format(where=where), params)
         return counts[IDENTICAL_COLUMNS].astype({c: int for c in IDENTICAL_COLUMNS[1:]}).reset_index(drop=True)
-    frame = every if every is not None else repeats(con, filters)
+    frame = repeats(con, filters)
     if frame.empty:
         return pd.DataFrame([], columns=IDENTICAL_COLUMNS)
     counted = frame["counted"].astype(bool)
@@ -121,7 +119,7 @@ def identical_repeats_by_tool(
     grouped = frame.assign(
         productive=frame["outcome"] == "productive", wasted=wasted, unknown=frame["outcome"] == "unknown",
         counted=counted, counted_wasted=counted & wasted, n=1,
-    ).groupby("tool", sort=True)  # fmt: skip
+    ).groupby("tool", sort=True, dropna=False)  # fmt: skip
     out = grouped[["n", "productive", "wasted", "unknown", "counted", "counted_wasted"]].sum().reset_index()
     out.columns = IDENTICAL_COLUMNS
     return out.astype({c: int for c in IDENTICAL_COLUMNS[1:]})

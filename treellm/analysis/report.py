@@ -39,7 +39,7 @@ def report(con: StoreConnection, filters: Filters | None = None) -> dict[str, An
     )
     near: dict[Any, dict[Any, Any]] = near_repeats_by_tool(con, f).set_index("tool").to_dict("index")
     by_tool = identical_repeats_by_tool(con, f)
-    identical = by_tool.set_index("tool").to_dict("index")
+    identical = {_tool_name(t): row for t, row in by_tool.set_index("tool").to_dict("index").items()}
     content: dict[Any, dict[Any, Any]] = content_by_tool(con, f).set_index("tool").to_dict("index")
     none = {"repeats": 0, "productive": 0, "wasted": 0, "unknown": 0}
     tools = []
@@ -51,7 +51,7 @@ def report(con: StoreConnection, filters: Filters | None = None) -> dict[str, An
              "prune_rate": round(float(r["prune_rate"]), 4), "exact_repeats": int(rep["repeats"]),
              "productive_repeats": int(rep["productive"]), "wasted_repeats": int(rep["wasted"]),
              "unknown_repeats": int(rep["unknown"]),
-             **{k: int(identical.get(tool, {}).get(k, 0))
+             **{k: int(identical.get(_tool_name(tool), {}).get(k, 0))
                 for k in ("identical_repeats", "identical_productive", "identical_wasted")},
              "near_repeats": int(near.get(tool, {}).get("near_repeats", 0)),
              "arguments_unknown": int(lacking.get("arguments_unknown", 0)),

@@ -105,15 +105,12 @@ def _replay(calls: list[tuple[Any, ...]], tool: str, patterns: tuple[str, ...]) 
     return counted
 
 
-def rules_by_tool(
-    con: StoreConnection, filters: Filters | None = None, *, every: pd.DataFrame | None = None
-) -> pd.DataFrame:
+def rules_by_tool(con: StoreConnection, filters: Filters | None = None) -> pd.DataFrame:
     """Per shell tool and candidate ``read_only`` pattern (``RULE_COLUMNS``): the wasted
     repeats hidden by that kind of program, the wasted repeats the rule lets the limit
     count, the productive repeats it would let the limit prune, whether it is advised, and
     example programs."""
-    found = every if every is not None else repeats(con, filters, tools=DEFAULT_SHELL_TOOLS)
-    found = found[found["tool"].isin(DEFAULT_SHELL_TOOLS)] if len(found) else found
+    found = repeats(con, filters, tools=DEFAULT_SHELL_TOOLS)
     if not len(found):
         return pd.DataFrame([], columns=RULE_COLUMNS)
     calls = load_calls(con, filters, tools=DEFAULT_SHELL_TOOLS)  # the runs of those repeats, whole
