@@ -127,7 +127,7 @@ def primary_key_variant(path: Path, folder: Path) -> tuple[float, float]:
     con = duckdb.connect(str(folder / "variants.duckdb"))
     con.execute("SET memory_limit = '1GB'")
     con.execute(MACROS)
-    con.execute(f"CREATE TABLE stage AS {stage_sql(_read_expression(path))}", {"source": "bench"})
+    con.execute(f"CREATE TABLE stage AS {stage_sql(_read_expression([path]))}", {"source": "bench"})
     con.execute("CREATE TABLE anti_t AS SELECT trace_id, span_id, name, start_ns, attributes FROM stage LIMIT 0")
     con.execute(
         "CREATE TABLE pk (trace_id VARCHAR, span_id VARCHAR, name VARCHAR, start_ns BIGINT, "

@@ -154,7 +154,7 @@ def startup() -> float:
 
 
 PHASES = (
-    ("treellm.store.ingest", "_stage_piece", "stage: read_json and flatten (transform.py)"),
+    ("treellm.store.ingest", "_stage_chunk", "stage: read_json and flatten (transform.py)"),
     ("treellm.store.ingest", "_insert_staged", "insert: anti-join, spans, events, links"),
     ("treellm.derive.foreign", "_read_foreign", "conventions: each distinct key once, answers joined"),
     ("treellm.derive.foreign", "_place", "trees: runs, nodes, ordinals, update"),

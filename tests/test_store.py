@@ -387,9 +387,20 @@ def test_a_large_file_is_staged_in_chunks_within_one_transaction(
     ingest_module = importlib.import_module("treellm.store.ingest")  # the module, not the re-exported function
 
     path, result = demo_jsonl
-    monkeypatch.setattr(ingest_module, "CHUNK_BYTES", 8 * 1024)  # the demo file is ~50 KB: several chunks
+    monkeypatch.setattr(ingest_module, "CHUNK_BYTES", 12 * 1024)  # the demo file is ~50 KB: several chunks,
+    monkeypatch.setattr(ingest_module, "MIN_PIECE_BYTES", 1024)  # each staged by one read_json of its pieces
+    monkeypatch.setattr(ingest_module, "PIECES_IN_FLIGHT_BYTES", 4 * 1024)
+    staged: list[int] = []
+    stage_chunk = ingest_module._stage_chunk
+
+    def counting(con: duckdb.DuckDBPyConnection, pieces: list[Path], *, display: str) -> None:
+        staged.append(len(pieces))
+        stage_chunk(con, pieces, display=display)
+
+    monkeypatch.setattr(ingest_module, "_stage_chunk", counting)
     db = tmp_path / "chunked.duckdb"
     report = ingest(db, [path])
+    assert len(staged) >= 3 and max(staged) >= 3, staged
     assert report.spans == result.stats.nodes + 3 and report.runs == 1
     con = open_store(db, read_only=True)
     assert_views_match_the_run(con, result)
@@ -406,6 +417,18 @@ def test_a_large_file_is_staged_in_chunks_within_one_transaction(
     con = open_store(fresh_db, read_only=True)
     assert rows(con, "SELECT count(*) FROM spans") == [(0,)]  # the earlier chunks were rolled back too
     con.close()
+
+
+def test_pieces_give_every_thread_work_and_bound_what_is_parsed_at_once() -> None:
+    import importlib
+
+    ingest_module = importlib.import_module("treellm.store.ingest")
+    piece_bytes, mib = ingest_module._piece_bytes, 1024 * 1024
+    assert piece_bytes(40 * mib, 2) == 20 * mib  # a journal segment: one piece per core
+    assert piece_bytes(434 * mib, 2) == 32 * mib  # a large file: 64 MiB in flight over both threads
+    assert piece_bytes(434 * mib, 8) == 8 * mib
+    assert piece_bytes(100 * 1024, 2) == mib  # a small file is read as it is
+    assert piece_bytes(mib, 0) == mib
 
 
 # treellm owns only what it creates: a DuckDB file that is not a treellm store is refused, unchanged.

@@ -363,9 +363,10 @@ def _sql_literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _read_expression(path: Path) -> str:
+def _read_expression(paths: list[Path]) -> str:
+    files = "[" + ", ".join(_sql_literal(str(path)) for path in paths) + "]"
     return (
-        f"read_json({_sql_literal(str(path))}, format = 'newline_delimited', records = true, "
+        f"read_json({files}, format = 'newline_delimited', records = true, "
         f"columns = {READ_COLUMNS}, maximum_object_size = {MAX_LINE_BYTES + 1024})"
     )
 
@@ -447,40 +448,60 @@ CHUNK_BYTES = 256 * 1024 * 1024
 memory an ingest needs does not grow with the file. Larger chunks cost less: every chunk
 anti-joins against the growing table (48 MiB chunks doubled the time of 1M spans)."""
 
-PIECE_BYTES = 32 * 1024 * 1024
-"""Each ``read_json`` reads at most this much (plus the rest of its last line). DuckDB parses
-2048 lines at a time per thread, so batched lines (the Collector's file exporter writes
-50-100 spans a line) would otherwise hold thousands of spans per thread in memory at once:
-300k spans in 100-span lines ran out of a 1 GB limit with 8 threads read whole, and stay
-under it in 32 MiB pieces (BENCHMARKS.md, "Batched ingest")."""
+PIECES_IN_FLIGHT_BYTES = 64 * 1024 * 1024
+"""The bytes of JSON that DuckDB parses at once, over all its threads. A chunk is staged by one
+``read_json`` over a list of piece files, and DuckDB parses a piece per thread: each piece is at
+most this divided by the threads. One ``read_json`` of a whole file would parse 2048 lines per
+thread at once (batched lines of the Collector's file exporter, 50-100 spans each, ran out of a
+1 GB limit so), and one ``read_json`` per piece leaves a core idle whenever a piece holds fewer
+lines than that (BENCHMARKS.md, "Batched ingest")."""
+
+MIN_PIECE_BYTES = 1024 * 1024
+"""A file no larger than this is read as it is; a larger one is cut in at least one piece per thread."""
 
 
-def _pieces(jsonl: Path, folder: Path) -> Iterator[tuple[Path, int]]:
-    """(file, bytes) of consecutive runs of whole lines of about :data:`PIECE_BYTES`: the file
-    itself when small, else copies made a block at a time."""
+def _piece_bytes(size: int, threads: int) -> int:
+    """How large each piece of a file of ``size`` bytes is: one per thread at least (both cores
+    parse a journal segment), at most the share of one thread of :data:`PIECES_IN_FLIGHT_BYTES`."""
+    threads = max(threads, 1)
+    return max(MIN_PIECE_BYTES, min(-(-size // threads), PIECES_IN_FLIGHT_BYTES // threads))
+
+
+def _chunks(jsonl: Path, folder: Path, piece_bytes: int) -> Iterator[tuple[list[Path], int]]:
+    """(piece files, bytes) of consecutive runs of whole lines, about :data:`CHUNK_BYTES` each,
+    cut in pieces of about ``piece_bytes``: the file itself when it fits one piece, else copies
+    made a block at a time (a chunk's pieces only: they go once it is staged)."""
     size = jsonl.stat().st_size
-    if size <= PIECE_BYTES:
-        yield jsonl, size
+    if size <= piece_bytes:
+        yield [jsonl], size
         return
     with jsonl.open("rb") as source:
         index = 0
-        while block := source.read(PIECE_BYTES):
-            if not block.endswith(b"\n"):
-                block += source.readline()
-            part = folder / f"piece-{index}.jsonl"
-            part.write_bytes(block)
+        while True:
+            pieces: list[Path] = []
+            staged = 0
+            while staged < CHUNK_BYTES and (block := source.read(piece_bytes)):
+                if not block.endswith(b"\n"):
+                    block += source.readline()
+                part = folder / f"piece-{index}.jsonl"
+                part.write_bytes(block)
+                pieces.append(part)
+                staged += len(block)
+                index += 1
+            if not pieces:
+                return
             try:
-                yield part, len(block)
+                yield pieces, staged
             finally:
-                part.unlink()
-            index += 1
+                for part in pieces:
+                    part.unlink()
 
 
-def _stage_piece(con: duckdb.DuckDBPyConnection, piece: Path, *, append: bool, display: str) -> None:
-    select = stage_sql(_read_expression(piece))
-    sql = f"INSERT INTO stage {select}" if append else f"CREATE OR REPLACE TEMP TABLE stage AS {select}"
+def _stage_chunk(con: duckdb.DuckDBPyConnection, pieces: list[Path], *, display: str) -> None:
+    """Stage the spans of ``pieces`` (whole lines each) with one ``read_json`` over them all."""
+    select = stage_sql(_read_expression(pieces))
     try:
-        con.execute(sql, {"source": display})
+        con.execute(f"CREATE OR REPLACE TEMP TABLE stage AS {select}", {"source": display})
     except duckdb.Error as exc:
         raise _Refused(str(exc).split("\n", 1)[0]) from exc
 
@@ -690,19 +711,14 @@ def _load_jsonl(
         foreign = ForeignCapture(capture)  # its memo lives as long as the transaction
         with tempfile.TemporaryDirectory(prefix="treellm-pieces-") as tmp, _transaction(con):
             con.execute("CREATE OR REPLACE TEMP TABLE file_keys (trace_id VARCHAR, span_id VARCHAR)")
-            staged = done = 0
+            done = 0
             size = max(jsonl.stat().st_size, 1)
             tell = on_step or (lambda step, share, spans: None)
-            for piece, piece_bytes in _pieces(jsonl, Path(tmp)):
+            threads = int(_count(con, "SELECT current_setting('threads')"))
+            for pieces, chunk_bytes in _chunks(jsonl, Path(tmp), _piece_bytes(size, threads)):
                 tell("staging", done / size, totals[0])
-                _stage_piece(con, piece, append=staged > 0, display=display)
-                staged += piece_bytes
-                done += piece_bytes
-                if staged >= CHUNK_BYTES:
-                    tell("placing", done / size, totals[0])
-                    totals = [t + v for t, v in zip(totals, _load_chunk(con, foreign), strict=True)]
-                    staged = 0
-            if staged:
+                _stage_chunk(con, pieces, display=display)
+                done += chunk_bytes
                 tell("placing", done / size, totals[0])
                 totals = [t + v for t, v in zip(totals, _load_chunk(con, foreign), strict=True)]
             tell("accounting", 1.0, totals[0])
