@@ -985,6 +985,35 @@ def test_the_otel_collector_configuration_routes_by_trace_id_to_both_collectors(
         assert f"127.0.0.1:{port}" in text or f"treellm-{port}" in text
 
 
+def _closed_segments(journal: Journal, lines: list[bytes]) -> None:
+    for line in lines:
+        journal.submit(line).result(timeout=10)
+        assert journal.cut() is not None
+
+
+def test_a_backlog_of_segments_goes_in_as_one_transaction_and_a_refused_batch_segment_by_segment(
+    tmp_path: Path,
+) -> None:
+    journal = Journal(tmp_path / "j", max_segment_bytes=2**20, max_pending_bytes=2**20, max_journal_bytes=2**24)
+    journal.open()
+    lines = [decode_protobuf(pb_request(n, spans=3).SerializeToString()).lines[0] for n in range(6)]
+    _closed_segments(journal, lines[:4])
+    flusher = Flusher(tmp_path / "s.duckdb", journal, interval_s=0.01, batch_bytes=3 * len(lines[0]) + 1)
+    assert flusher.flush() == "done"  # the three oldest segments in one transaction
+    assert flusher.stats().flushes == 1 and flusher.stats().spans_stored == 9
+    assert len(journal.closed_segments()) == 1 and len(span_keys(tmp_path / "s.duckdb")) == 9
+    poison = orjson.loads(lines[5])
+    poison["resourceSpans"][0]["scopeSpans"][0]["spans"][1]["kind"] = 200  # written past the receiver's checks
+    _closed_segments(journal, [lines[4], orjson.dumps(poison, option=orjson.OPT_APPEND_NEWLINE)])
+    assert flusher.flush() == "done"  # refused as a batch: each segment alone, the poisoned one split
+    journal.close()
+    assert flusher.drain(time.monotonic() + 30)
+    expected = {(ids(n, i)[0].hex(), ids(n, i)[1].hex()) for n in range(6) for i in range(3)}
+    assert set(span_keys(tmp_path / "s.duckdb")) == expected - {(ids(5, 1)[0].hex(), ids(5, 1)[1].hex())}
+    assert flusher.stats().spans_stored == 17 and flusher.stats().rejected_segments == 1
+    journal.release()
+
+
 def test_a_span_the_store_refuses_is_isolated_by_splitting_and_set_aside_with_the_reason(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "j", max_segment_bytes=2**20, max_pending_bytes=2**20, max_journal_bytes=2**24)
     journal.open()

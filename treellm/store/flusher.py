@@ -10,7 +10,10 @@ Contract (runs on its own thread; never raises):
   :func:`~treellm.store.ingest_file` (``otlp-jsonl``; the DuckDB write lock is held only
   for it) and deleted after its commit. Ingest is idempotent by (trace_id, span_id), so a
   crash between the commit and the delete, or a client's retry of a request, stores
-  nothing twice.
+  nothing twice. A backlog (several closed segments) goes in oldest first up to
+  ``batch_bytes`` at a time, in one transaction (:func:`~treellm.store.ingest.ingest_segments`:
+  one read of them all, one commit, one pause per batch); a batch the store refuses for its
+  data goes in segment by segment, as below, and nothing of it was stored before.
 - Flushes start every ``interval_s`` while they are short; after a long one (a busy
   collector, or a backlog) the flusher still pauses ``interval_s / 2`` before the next, so
   the lock is free for readers (the dashboard opens a read-only connection per query) at
@@ -73,7 +76,7 @@ import duckdb
 import orjson
 
 from treellm.errors import IngestError, StoreBusyError, StoreError
-from treellm.store.ingest import Accounting, FileReport, combine, ingest_file
+from treellm.store.ingest import Accounting, FileReport, combine, ingest_file, ingest_segments
 from treellm.store.journal import Journal, Segment
 from treellm.store.metric_points import insert_point_lines
 
@@ -83,6 +86,7 @@ logger = logging.getLogger(__name__)
 
 Outcome = Literal["done", "busy", "failed"]
 IngestFn = Callable[..., FileReport]
+IngestManyFn = Callable[..., FileReport]
 
 _BACKOFF_FIRST_S = 0.1
 _BACKOFF_MAX_S = 2.0
@@ -111,10 +115,16 @@ class _Lane:
     ``halve_line`` splits a refused line in two (None: a line is the smallest unit)."""
 
     def __init__(
-        self, journal: Journal, load: Callable[[Path], tuple[int, int]], noun: str, halve_line: HalveLine | None
+        self,
+        journal: Journal,
+        load: Callable[[Path], tuple[int, int]],
+        noun: str,
+        halve_line: HalveLine | None,
+        load_many: Callable[[list[Path]], tuple[int, int]] | None = None,
     ) -> None:
         self.journal = journal
         self.load = load
+        self.load_many = load_many
         self.noun = noun
         self.halve_line = halve_line
         self.stored = 0
@@ -164,6 +174,17 @@ def _traces_line(doc: dict[str, Any], placed: list[tuple[int, int, Any]]) -> byt
     return orjson.dumps({**doc, "resourceSpans": resources}, option=orjson.OPT_APPEND_NEWLINE)
 
 
+def _batch(closed: list[Segment], limit: int) -> list[Segment]:
+    """The oldest closed segments, up to ``limit`` bytes together (the first one always)."""
+    batch, size = [closed[0]], closed[0].size
+    for segment in closed[1:]:
+        if size + segment.size > limit:
+            break
+        batch.append(segment)
+        size += segment.size
+    return batch
+
+
 def _refused_data(exc: StoreError) -> bool:
     return isinstance(exc, IngestError) or isinstance(exc.__cause__, _DATA_ERRORS)
 
@@ -197,9 +218,11 @@ class Flusher:
         interval_s: float,
         busy_retries: int = 2,
         ingest: IngestFn = ingest_file,
+        ingest_many: IngestManyFn | None = None,
         clock: Callable[[], float] = time.monotonic,
         metrics_journal: Journal | None = None,
         nice: int = 0,
+        batch_bytes: int = 128 * 1024 * 1024,
     ) -> None:
         self.db = Path(db)
         self.journal = journal
@@ -207,13 +230,18 @@ class Flusher:
         self.interval_s = interval_s
         self.busy_retries = busy_retries
         self._ingest = ingest
+        if ingest_many is None and ingest is ingest_file:
+            ingest_many = ingest_segments
+        self._ingest_many = ingest_many
+        self.batch_bytes = batch_bytes
         self._clock = clock
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._flush_lock = threading.Lock()
         self._flushes = 0
-        self._spans = _Lane(journal, self._load_spans, "span(s)", halve_traces_line)
+        many = None if ingest_many is None else self._load_span_segments
+        self._spans = _Lane(journal, self._load_spans, "span(s)", halve_traces_line, many)
         self._points = None if metrics_journal is None else _Lane(metrics_journal, self._load_points, "point(s)", None)
         self._busy = 0
         self._failures = 0
@@ -266,10 +294,13 @@ class Flusher:
             outcome: Outcome = "done"
             for lane in self._lanes():
                 closed = lane.journal.closed_segments()
-                segment = closed[0] if closed else lane.journal.cut()
-                if segment is None:
-                    continue
-                result = self._flush_segment(lane, segment)
+                if len(closed) > 1 and lane.load_many is not None:
+                    result = self._flush_batch(lane, _batch(closed, self.batch_bytes))
+                else:
+                    segment = closed[0] if closed else lane.journal.cut()
+                    if segment is None:
+                        continue
+                    result = self._flush_segment(lane, segment)
                 if result == "busy":
                     return "busy"  # the store is held: the next journal would wait for nothing
                 if result == "failed":
@@ -299,6 +330,12 @@ class Flusher:
 
     def _load_spans(self, path: Path) -> tuple[int, int]:
         report = self._ingest(self.db, path, "otlp-jsonl", retries=self.busy_retries)
+        self._accounting = combine([self._accounting, report.accounting])  # committed: counted
+        return report.spans, report.duplicates
+
+    def _load_span_segments(self, paths: list[Path]) -> tuple[int, int]:
+        assert self._ingest_many is not None
+        report = self._ingest_many(self.db, paths, retries=self.busy_retries)
         self._accounting = combine([self._accounting, report.accounting])  # committed: counted
         return report.spans, report.duplicates
 
@@ -335,6 +372,48 @@ class Flusher:
         logger.debug(
             "flushed %s: %d %s, %d duplicate(s) in %.3f s",
             segment.path, stored, lane.noun, duplicates, self._last_flush - started,
+        )  # fmt: skip
+        return "done"
+
+    def _flush_batch(self, lane: _Lane, segments: list[Segment]) -> Outcome:
+        """Several closed segments in one transaction (a backlog: one pause per batch, not per
+        segment); when the store refuses them for their data, each goes in alone, as
+        :meth:`_flush_segment` decides (nothing of the batch was stored)."""
+        if len(segments) == 1 or lane.load_many is None:
+            return self._flush_segment(lane, segments[0])
+        started = self._clock()
+        try:
+            stored, duplicates = lane.load_many([segment.path for segment in segments])
+        except StoreBusyError:
+            self._busy += 1
+            return "busy"
+        except StoreError as exc:
+            if _same_process_reader(exc):
+                self._busy += 1
+                return "busy"
+            if not _refused_data(exc):
+                self._failures += 1
+                logger.error("could not flush %d segments into %s (kept, retried): %s", len(segments), self.db, exc)
+                return "failed"
+            logger.debug("the store refused a batch of %d segments (%s); flushing them one by one", len(segments), exc)
+            for segment in segments:
+                outcome = self._flush_segment(lane, segment)
+                if outcome != "done":
+                    return outcome
+            return "done"
+        except OSError as exc:
+            self._failures += 1
+            logger.error("could not flush %d segments into %s (kept, retried): %s", len(segments), self.db, exc)
+            return "failed"
+        for segment in segments:
+            lane.journal.remove(segment)
+        self._flushes += 1
+        lane.stored += stored
+        lane.duplicates += duplicates
+        self._last_flush = self._clock()
+        logger.debug(
+            "flushed %d segments: %d %s, %d duplicate(s) in %.3f s",
+            len(segments), stored, lane.noun, duplicates, self._last_flush - started,
         )  # fmt: skip
         return "done"
 

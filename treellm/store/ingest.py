@@ -102,6 +102,7 @@ __all__ = [
     "Unplaced",
     "ingest",
     "ingest_file",
+    "ingest_segments",
 ]
 
 UNKNOWN_TOOL = "(unknown tool)"
@@ -456,6 +457,10 @@ thread at once (batched lines of the Collector's file exporter, 50-100 spans eac
 1 GB limit so), and one ``read_json`` per piece leaves a core idle whenever a piece holds fewer
 lines than that (BENCHMARKS.md, "Batched ingest")."""
 
+WHOLE_FILE_SLACK = 1.5
+"""A file up to this many pieces is read where it is rather than copied in pieces: copying a
+journal segment of 32 MiB and a few bytes costs a tenth of its flush."""
+
 MIN_PIECE_BYTES = 1024 * 1024
 """A file no larger than this is read as it is; a larger one is cut in at least one piece per thread."""
 
@@ -467,34 +472,52 @@ def _piece_bytes(size: int, threads: int) -> int:
     return max(MIN_PIECE_BYTES, min(-(-size // threads), PIECES_IN_FLIGHT_BYTES // threads))
 
 
-def _chunks(jsonl: Path, folder: Path, piece_bytes: int) -> Iterator[tuple[list[Path], int]]:
-    """(piece files, bytes) of consecutive runs of whole lines, about :data:`CHUNK_BYTES` each,
-    cut in pieces of about ``piece_bytes``: the file itself when it fits one piece, else copies
-    made a block at a time (a chunk's pieces only: they go once it is staged)."""
-    size = jsonl.stat().st_size
-    if size <= piece_bytes:
-        yield [jsonl], size
-        return
-    with jsonl.open("rb") as source:
-        index = 0
-        while True:
-            pieces: list[Path] = []
-            staged = 0
-            while staged < CHUNK_BYTES and (block := source.read(piece_bytes)):
+def _pieces(sources: Sequence[Path], folder: Path, piece_bytes: int) -> Iterator[tuple[Path, int, bool]]:
+    """(file, bytes, whether it is a copy) of consecutive runs of whole lines of about
+    ``piece_bytes``: a file up to :data:`WHOLE_FILE_SLACK` pieces is its own piece (a journal
+    segment, closed just past its size, is read where it is), a larger one is copied a block
+    at a time."""
+    index = 0
+    for source in sources:
+        size = source.stat().st_size
+        if size <= WHOLE_FILE_SLACK * piece_bytes:
+            if size:
+                yield source, size, False
+            continue
+        with source.open("rb") as handle:
+            while block := handle.read(piece_bytes):
                 if not block.endswith(b"\n"):
-                    block += source.readline()
+                    block += handle.readline()
                 part = folder / f"piece-{index}.jsonl"
                 part.write_bytes(block)
-                pieces.append(part)
-                staged += len(block)
                 index += 1
-            if not pieces:
-                return
-            try:
-                yield pieces, staged
-            finally:
-                for part in pieces:
-                    part.unlink()
+                yield part, len(block), True
+
+
+def _chunks(sources: Sequence[Path], folder: Path, piece_bytes: int) -> Iterator[tuple[list[Path], int]]:
+    """(piece files, bytes) of about :data:`CHUNK_BYTES` each (see :func:`_pieces`); the copies
+    of a chunk go once it is staged."""
+    chunk: list[tuple[Path, bool]] = []
+    staged = 0
+    try:
+        for piece, size, copied in _pieces(sources, folder, piece_bytes):
+            chunk.append((piece, copied))
+            staged += size
+            if staged >= CHUNK_BYTES:
+                yield [path for path, _ in chunk], staged
+                _remove_copies(chunk)
+                staged = 0
+        if chunk:
+            yield [path for path, _ in chunk], staged
+    finally:
+        _remove_copies(chunk)
+
+
+def _remove_copies(chunk: list[tuple[Path, bool]]) -> None:
+    for path, copied in chunk:
+        if copied:
+            path.unlink(missing_ok=True)
+    chunk.clear()
 
 
 def _stage_chunk(con: duckdb.DuckDBPyConnection, pieces: list[Path], *, display: str) -> None:
@@ -691,7 +714,7 @@ def _load_chunk(con: duckdb.DuckDBPyConnection, capture: ForeignCapture) -> tupl
 
 def _load_jsonl(
     db: Path,
-    jsonl: Path,
+    sources: Sequence[Path],
     *,
     display: str,
     retries: int = 20,
@@ -712,10 +735,10 @@ def _load_jsonl(
         with tempfile.TemporaryDirectory(prefix="treellm-pieces-") as tmp, _transaction(con):
             con.execute("CREATE OR REPLACE TEMP TABLE file_keys (trace_id VARCHAR, span_id VARCHAR)")
             done = 0
-            size = max(jsonl.stat().st_size, 1)
+            size = max(sum(source.stat().st_size for source in sources), 1)
             tell = on_step or (lambda step, share, spans: None)
             threads = int(_count(con, "SELECT current_setting('threads')"))
-            for pieces, chunk_bytes in _chunks(jsonl, Path(tmp), _piece_bytes(size, threads)):
+            for pieces, chunk_bytes in _chunks(sources, Path(tmp), _piece_bytes(size, threads)):
                 tell("staging", done / size, totals[0])
                 _stage_chunk(con, pieces, display=display)
                 done += chunk_bytes
@@ -810,7 +833,7 @@ def ingest_file(
                     skipped = 1
                 try:
                     spans, runs, duplicates, accounting = _load_jsonl(
-                        Path(db), jsonl, display=display, retries=retries, capture=mode, on_step=on_step
+                        Path(db), [jsonl], display=display, retries=retries, capture=mode, on_step=on_step
                     )
                 except _Refused:
                     pass
@@ -830,7 +853,7 @@ def ingest_file(
             return FileReport(display, fmt, 0, 0, 0, skipped, empty=empty, bad=tuple(bad), warnings=tuple(warnings))
         try:
             spans, runs, duplicates, accounting = _load_jsonl(
-                Path(db), jsonl, display=display, retries=retries, capture=mode, on_step=on_step
+                Path(db), [jsonl], display=display, retries=retries, capture=mode, on_step=on_step
             )
         except _Refused as exc:
             raise IngestError(f"DuckDB refused the file: {exc}", path=display) from exc
@@ -838,6 +861,38 @@ def ingest_file(
     return FileReport(
         display, fmt, spans, runs, duplicates, skipped, bad=tuple(bad), warnings=tuple(warnings), accounting=accounting
     )
+
+
+def ingest_segments(
+    db: str | os.PathLike[str],
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    retries: int = 20,
+    capture: Capture | CaptureMode | None = None,
+) -> FileReport:
+    """Ingest several OTLP JSON-lines files (the journal's closed segments) in one transaction,
+    with one ``read_json`` over them as they are (no copy of a file that fits a piece): what
+    :func:`ingest_file` does for each, at the cost of one. Raises :class:`IngestError` when a file
+    has an overlong line or a torn tail, or DuckDB or the SQL check balks at a span: the caller
+    then ingests each file with :func:`ingest_file`, which decides per line (nothing was stored)."""
+    sources = [Path(path) for path in paths]
+    display = str(sources[0]) if len(sources) == 1 else f"{sources[0]} and {len(sources) - 1} more file(s)"
+    for source in sources:
+        if not source.is_file():
+            raise IngestError("no such file", path=str(source))
+        if source.stat().st_size and (_overlong_line(source) is not None or _torn_tail(source)):
+            raise IngestError("a line too long or a torn last line: ingested file by file", path=str(source))
+    try:
+        spans, runs, duplicates, accounting = _load_jsonl(
+            Path(db), sources, display=display, retries=retries, capture=resolve_capture(capture).mode
+        )
+    except _Refused as exc:
+        raise IngestError(f"DuckDB refused the files: {exc}", path=display) from exc
+    return FileReport(
+        display, "otlp-jsonl", spans, runs, duplicates, 0,
+        empty=not any(source.stat().st_size for source in sources),
+        warnings=accounting_warnings(display, accounting), accounting=accounting,
+    )  # fmt: skip
 
 
 LINE_SPANS = 1000
