@@ -578,6 +578,8 @@ def test_settings_are_validated_with_expected_and_got() -> None:
     for nice in (-1, 20, True, 1.5):
         with pytest.raises(ConfigError, match="flusher_nice: expected a nice increment 0-19"):
             CollectorConfig(flusher_nice=nice)
+    with pytest.raises(ConfigError, match="max_flush_bytes: expected a positive integer"):
+        CollectorConfig(max_flush_bytes=0)
 
 
 def test_the_flusher_runs_below_the_receivers_priority(tmp_path: Path) -> None:
@@ -590,6 +592,11 @@ def test_the_flusher_runs_below_the_receivers_priority(tmp_path: Path) -> None:
         assert running.flusher.running.wait(60)  # the thread lowers its own priority as it starts
         assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == min(19, own + 7)
         assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own  # the receiver's: unchanged
+
+
+def test_a_backlog_flush_is_bounded_by_max_flush_bytes(tmp_path: Path) -> None:
+    with Collector(tmp_path / "store.duckdb", CollectorConfig(port=0, max_flush_bytes=3 * 2**20)) as running:
+        assert running.flusher.batch_bytes == 3 * 2**20
 
 
 def test_the_token_env_var_must_be_set(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -53,6 +53,10 @@ class CollectorConfig:
       which readers get to themselves). Readers see data about this much later, plus a flush.
     - ``max_segment_bytes``: a journal segment is closed at this size even between flushes,
       so one flush transaction stays bounded while the store is busy.
+    - ``max_flush_bytes``: a backlog of closed segments (the store fell behind) goes in up to
+      this many bytes in one transaction: the larger, the cheaper each span (one read, one
+      commit, one pause per batch), and the longer a reader waits for the transaction under
+      way (BENCHMARKS.md, "Collector"). At least one segment goes in whatever its size.
     - ``max_pending_bytes``: bytes waiting for the journal's fsync; above it, 429.
     - ``max_journal_bytes``: bytes journaled and not yet in the store; above it, 503
       (the store cannot keep up, e.g. another writer holds it).
@@ -99,6 +103,7 @@ class CollectorConfig:
     max_body_bytes: int = 20 * _MiB
     flush_interval_s: float = 1.0
     max_segment_bytes: int = 32 * _MiB
+    max_flush_bytes: int = 128 * _MiB
     max_pending_bytes: int = 64 * _MiB
     max_journal_bytes: int = 1024 * _MiB
     retry_after_s: int = 2
@@ -122,6 +127,7 @@ class CollectorConfig:
         _positive_int("max_body_bytes", self.max_body_bytes, maximum=_MAX_BODY_CEILING)
         _positive_number("flush_interval_s", self.flush_interval_s)
         _positive_int("max_segment_bytes", self.max_segment_bytes)
+        _positive_int("max_flush_bytes", self.max_flush_bytes)
         _positive_int("max_pending_bytes", self.max_pending_bytes)
         _positive_int("max_journal_bytes", self.max_journal_bytes)
         _positive_int("retry_after_s", self.retry_after_s)

@@ -122,9 +122,6 @@ EXIT_JOURNAL_KEPT: Final = 75  # EX_TEMPFAIL: try again later
 _START_TIMEOUT_S: Final = 10.0
 _GRACEFUL_S: Final = 10
 _BACKLOG: Final = 2048
-BATCH_SEGMENTS: Final = 4
-"""A backlog is flushed up to this many closed segments in one transaction (one reader's pause
-per batch, not per segment: BENCHMARKS.md, "Collector")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +204,7 @@ class Collector:
         self.metrics_journal = self._journal(folder / METRICS_FOLDER)
         self.flusher = Flusher(
             self.db, self.journal, interval_s=config.flush_interval_s, metrics_journal=self.metrics_journal,
-            ingest=ingest, nice=config.flusher_nice, batch_bytes=BATCH_SEGMENTS * config.max_segment_bytes,
+            ingest=ingest, nice=config.flusher_nice, batch_bytes=config.max_flush_bytes,
         )  # fmt: skip
         self.app = Starlette(
             routes=[
