@@ -594,9 +594,15 @@ def test_the_flusher_runs_below_the_receivers_priority(tmp_path: Path) -> None:
         assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own  # the receiver's: unchanged
 
 
-def test_a_backlog_flush_is_bounded_by_max_flush_bytes(tmp_path: Path) -> None:
+def test_a_backlog_flush_is_bounded_by_max_flush_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with Collector(tmp_path / "store.duckdb", CollectorConfig(port=0, max_flush_bytes=3 * 2**20)) as running:
         assert running.flusher.batch_bytes == 3 * 2**20
+    served: list[CollectorConfig] = []
+    monkeypatch.setattr("treellm.collector.server.serve", lambda db, *, config, **options: served.append(config) or 0)
+    assert collector_main(["--db", str(tmp_path / "s.duckdb"), "--max-flush", "64MiB"]) == 0
+    assert served[0].max_flush_bytes == 64 * 2**20
+    assert collector_main(["--db", str(tmp_path / "s.duckdb")]) == 0
+    assert served[1].max_flush_bytes == CollectorConfig().max_flush_bytes == 128 * 2**20
 
 
 def test_the_token_env_var_must_be_set(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

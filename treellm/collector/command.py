@@ -76,6 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default {DEFAULTS.max_connections_per_peer})",
     )
     add(
+        "--max-flush",
+        metavar="SIZE",
+        help="when the store has fallen behind, flush at most SIZE of journal segments in one transaction: larger "
+        f"is cheaper a span, and a reader waits longer for it (default {DEFAULTS.max_flush_bytes // 2**20}MiB)",
+    )
+    add(
         "--flusher-nice",
         type=int,
         metavar="N",
@@ -112,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
         max_connections=args.max_connections,
         max_connections_per_peer=args.max_connections_per_peer,
         flusher_nice=args.flusher_nice,
+        max_flush_bytes=parse_size(args.max_flush, setting="--max-flush") if args.max_flush else None,
     )
     return serve(
         db,
