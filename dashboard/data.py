@@ -90,10 +90,16 @@ _CLICKHOUSE_LOCK = threading.Lock()
 """chDB allows one data folder per process: one ClickHouse connection at a time."""
 
 
+_ATTACHED: set[Source] = set()
+"""The ClickHouse sources whose views this process set up: later queries only connect."""
+
+
 @contextlib.contextmanager
 def _connect(src: Source) -> Iterator[StoreConnection]:
     with _CLICKHOUSE_LOCK if src.kind == "clickhouse" else contextlib.nullcontext():
-        con = open_source(src, retries=6)
+        con = open_source(src, retries=6, attach=src not in _ATTACHED)
+        if src.kind == "clickhouse":
+            _ATTACHED.add(src)
         try:
             yield con
         finally:

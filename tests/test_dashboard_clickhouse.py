@@ -143,6 +143,46 @@ def test_the_explorer_functions_give_the_same_frames_on_both_engines(stores: tup
         ch.close()
 
 
+def test_the_data_version_over_clickhouse_changes_when_a_derive_pass_writes_and_only_then(tmp_path: Path) -> None:
+    rows = file_rows(FILES[0])
+    ch = open_clickhouse(f"chdb:{tmp_path / 'chdb'}", table=TABLE, create_table=True)
+    try:
+        ch.command(insert_sql(rows[:-3], ch.table))
+        run_derive(ch, wait_s=0, once=True)
+        first = explorer.data_version(ch)
+        assert first.spans >= len(rows) - 3
+        run_derive(ch, wait_s=0, once=True)  # nothing arrived: nothing written, the same stamp
+        assert explorer.data_version(ch) == first
+        ch.command(insert_sql(rows[-3:], ch.table))  # late spans: their traces derived again
+        run_derive(ch, wait_s=0, once=True)
+        assert explorer.data_version(ch) != first
+    finally:
+        ch.close()
+
+
+def test_the_dashboard_sets_clickhouse_views_up_once_then_only_connects(
+    stores: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dashboard import data
+    from treellm.store.clickhouse import ClickHouseConnection
+
+    _, url = stores
+    over_clickhouse(url, monkeypatch)
+    monkeypatch.setattr(data, "_ATTACHED", set())
+    attached: list[str] = []
+    attach = ClickHouseConnection.attach
+
+    def counting(self: ClickHouseConnection, **options: bool) -> None:
+        attached.append(self.database)
+        attach(self, **options)
+
+    monkeypatch.setattr(ClickHouseConnection, "attach", counting)
+    for _ in range(3):
+        assert data.query("totals", Filters())["runs"] > 0
+        data.st.cache_data.clear()
+    assert len(attached) == 1
+
+
 @pytest.mark.parametrize(
     "query",
     [

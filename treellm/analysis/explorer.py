@@ -21,6 +21,7 @@ import pandas as pd
 from treellm.analysis.filters import Filters
 from treellm.analysis.measures import CLICKHOUSE_SETTINGS, REPEATS_SQL
 from treellm.store.backend import Connection, StoreConnection, as_connection
+from treellm.store.clickhouse_views import DERIVED_SPANS
 
 __all__ = [
     "RUN_SORTS",
@@ -78,8 +79,13 @@ def _int(value: Any) -> int | None:
 
 
 def data_version(con: StoreConnection) -> DataVersion:
-    """The :class:`DataVersion` of the data behind ``con`` (one aggregate over ``spans``)."""
-    frame = as_connection(con).df("SELECT count(*) AS spans, min(start_ns) AS first, max(end_ns) AS last FROM spans")
+    """The :class:`DataVersion` of the data behind ``con``: one aggregate over ``spans``; over
+    ClickHouse, over the rows of ``treellm_spans`` as written, without ``FINAL`` (every derive
+    pass adds rows, so the stamp changes whenever one writes; ClickHouse answers from its parts'
+    counts and minmax indexes, in milliseconds where the view took 0.4 s at 10M spans)."""
+    c = as_connection(con)
+    table = DERIVED_SPANS if c.dialect == "clickhouse" else "spans"
+    frame = c.df(f"SELECT count(*) AS spans, min(start_ns) AS first, max(end_ns) AS last FROM {table}")
     spans = int(frame["spans"].iloc[0])  # column by column: a row of mixed ints would become floats
     if not spans:
         return DataVersion(0, None, None)

@@ -454,11 +454,18 @@ def _server(url: str, table: str, database: str) -> ClickHouseConnection:
 
 
 def open_clickhouse(
-    url: str | None = None, *, table: str = DEFAULT_TABLE, database: str | None = None, create_table: bool = False
+    url: str | None = None,
+    *,
+    table: str = DEFAULT_TABLE,
+    database: str | None = None,
+    create_table: bool = False,
+    attach: bool = True,
 ) -> ClickHouseConnection:
     """Connect to ``url`` (``http(s)://user:password@host:8123/db`` or ``chdb:PATH``; default
     ``$TREELLM_CLICKHOUSE``) and create or upgrade treellm's views over ``table`` in
-    ``database`` (default ``$TREELLM_CLICKHOUSE_DATABASE``, else ``treellm``).
+    ``database`` (default ``$TREELLM_CLICKHOUSE_DATABASE``, else ``treellm``). ``attach=False``
+    connects only: for a reader that set the views up earlier in the same process (about 35
+    queries and a view rewritten each, 0.14 s on chDB, saved on every later query).
 
     A bad URL, table or database name is a :class:`ConfigError` before any connection; a
     view's name that holds someone else's object is a :class:`NotOwnedError` naming it; a
@@ -478,6 +485,8 @@ def open_clickhouse(
         raise ConfigError(
             f"expected a ClickHouse URL such as http://localhost:8123 or chdb:./traces, got {display_url(target)!r}"
         )
+    if not attach:
+        return con
     try:
         con.attach(create_table=create_table)
     except con.errors as exc:

@@ -57,15 +57,16 @@ def choose_source(
     return Source("db", (str(db or default_db_path()),))
 
 
-def open_source(src: Source, *, retries: int = 20) -> StoreConnection:
-    """A read-only connection to ``src`` (``retries``: waits for a busy DuckDB file)."""
+def open_source(src: Source, *, retries: int = 20, attach: bool = True) -> StoreConnection:
+    """A read-only connection to ``src`` (``retries``: waits for a busy DuckDB file; ``attach``:
+    set ClickHouse's views up first, which a reader that did so already in this process skips)."""
     kind, paths, table, database = src
     if kind == "parquet":
         return open_parquet(list(paths))
     if kind == "clickhouse":
         from treellm.store.clickhouse import open_clickhouse
 
-        return open_clickhouse(paths[0], table=table, database=database)
+        return open_clickhouse(paths[0], table=table, database=database, attach=attach)
     return open_store(paths[0], read_only=True, retries=retries)
 
 
