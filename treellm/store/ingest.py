@@ -41,9 +41,11 @@ Contract:
 - A torn final line (no newline after it, as a crashed writer leaves) is skipped and
   counted in ``skipped``; an empty file ingests nothing and is reported.
 - The writer holds the store's write lock only while it writes one file.
-- Memory stays bounded: DuckDB reads the file in pieces of :data:`PIECE_BYTES` under a
-  memory limit and spills; the stage is inserted every :data:`CHUNK_BYTES`, so batched
-  lines (the Collector's file exporter) and files of any size fit the same limit.
+- Memory stays bounded: DuckDB reads the file in pieces, one per thread and at most
+  :data:`PIECES_IN_FLIGHT_BYTES` at once over all threads, under a memory limit, and spills;
+  the stage is inserted every :data:`CHUNK_BYTES`, so batched lines (the Collector's file
+  exporter) and files of any size fit the same limit.
+- :func:`ingest_segments`: several files (the journal's closed segments) in one transaction.
 """
 
 from __future__ import annotations
@@ -462,7 +464,8 @@ WHOLE_FILE_SLACK = 1.5
 journal segment of 32 MiB and a few bytes costs a tenth of its flush."""
 
 MIN_PIECE_BYTES = 1024 * 1024
-"""A file no larger than this is read as it is; a larger one is cut in at least one piece per thread."""
+"""Pieces are no smaller than this: a small file is read as it is, a larger one is cut in at least
+one piece per thread."""
 
 
 def _piece_bytes(size: int, threads: int) -> int:
