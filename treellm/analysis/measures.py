@@ -155,27 +155,28 @@ def content_by_tool(con: StoreConnection, filters: Filters | None = None) -> pd.
     return frame[CONTENT_COLUMNS].astype({"calls": int, "arguments_unknown": int, "results_unknown": int})
 
 
+_OUTCOME_COLUMNS = ["tool", "ordinal", "repeats", "productive", "wasted", "failed", "unknown"]
+_OUTCOMES_SQL = """
+SELECT c.tool AS tool, c.ordinal AS ordinal, CAST(count(*) AS BIGINT) AS repeats,
+       CAST(sum(CASE WHEN c.productive THEN 1 ELSE 0 END) AS BIGINT) AS productive,
+       CAST(sum(CASE WHEN c.outcome = 'wasted' THEN 1 ELSE 0 END) AS BIGINT) AS wasted,
+       CAST(sum(CASE WHEN c.status = 'failed' THEN 1 ELSE 0 END) AS BIGINT) AS failed,
+       CAST(sum(CASE WHEN c.outcome = 'unknown' THEN 1 ELSE 0 END) AS BIGINT) AS unknown
+FROM repeat_outcomes c WHERE c.tool IS NOT NULL AND c.ordinal IS NOT NULL AND {where}
+GROUP BY c.tool, c.ordinal
+"""
+"""Each tool's and ordinal's executed repeats counted where they are (both engines), not fetched."""
+
+
 def repeat_outcome_by_tool(con: StoreConnection, filters: Filters | None = None) -> pd.DataFrame:
     """Per tool and ordinal: executed repeats, productive, wasted (and failed among wasted), unknown."""
-    samples = repeat_samples(con, filters)
-    if samples.empty:
-        return pd.DataFrame(columns=["tool", "ordinal", "repeats", "productive", "wasted", "failed", "unknown"])
-    samples["wasted"] = samples["outcome"] == "wasted"
-    samples["unknown"] = samples["outcome"] == "unknown"
-    samples["failed"] = samples["status"] == "failed"
-    out = (
-        samples.groupby(["tool", "ordinal"])
-        .agg(
-            repeats=("node_id", "size"),
-            productive=("productive", "sum"),
-            wasted=("wasted", "sum"),
-            failed=("failed", "sum"),
-            unknown=("unknown", "sum"),
-        )
-        .reset_index()
-        .sort_values(["tool", "ordinal"])
-    )
-    return out.reset_index(drop=True)
+    where, params = (filters or Filters()).where("c")
+    out = _df(con, _OUTCOMES_SQL.format(where=where), params)
+    if out.empty:
+        return pd.DataFrame(columns=_OUTCOME_COLUMNS)
+    for column in _OUTCOME_COLUMNS[2:]:
+        out[column] = out[column].astype("int64")
+    return out.sort_values(["tool", "ordinal"]).reset_index(drop=True)
 
 
 def cost_by_tool(con: StoreConnection, filters: Filters | None = None) -> pd.DataFrame:
@@ -260,13 +261,14 @@ def runs_by_day(con: StoreConnection, filters: Filters | None = None) -> pd.Data
             FROM runs r WHERE {run_where} GROUP BY r.day ORDER BY r.day""",
         params,
     )
-    samples = repeat_samples(con, f)
-    if not samples.empty:
-        days = _df(con, "SELECT run_id, day FROM runs", [])
-        wasted = samples[samples["outcome"] == "wasted"].merge(days, on="run_id").groupby("day").size()
-        df["wasted"] = df["day"].map(wasted).fillna(0).astype(int)
-    else:
-        df["wasted"] = 0
+    where, repeat_params = f.where("c")
+    wasted = _df(
+        con,
+        f"""SELECT d.day AS day, count(*) AS wasted FROM repeat_outcomes c JOIN runs d ON d.run_id = c.run_id
+            WHERE c.outcome = 'wasted' AND {where} GROUP BY d.day""",
+        repeat_params,
+    )
+    df["wasted"] = df["day"].map(dict(zip(wasted["day"], wasted["wasted"], strict=True))).fillna(0).astype(int)
     total = df["tool_calls"] + df["pruned"]
     df["prune_rate"] = (df["pruned"] / total.where(total > 0)).fillna(0.0)
     return df
