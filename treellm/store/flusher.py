@@ -86,7 +86,6 @@ logger = logging.getLogger(__name__)
 
 Outcome = Literal["done", "busy", "failed"]
 IngestFn = Callable[..., FileReport]
-IngestManyFn = Callable[..., FileReport]
 
 _BACKOFF_FIRST_S = 0.1
 _BACKOFF_MAX_S = 2.0
@@ -218,7 +217,7 @@ class Flusher:
         interval_s: float,
         busy_retries: int = 2,
         ingest: IngestFn = ingest_file,
-        ingest_many: IngestManyFn | None = None,
+        ingest_many: IngestFn | None = None,
         clock: Callable[[], float] = time.monotonic,
         metrics_journal: Journal | None = None,
         nice: int = 0,
@@ -295,12 +294,12 @@ class Flusher:
             for lane in self._lanes():
                 closed = lane.journal.closed_segments()
                 if len(closed) > 1 and lane.load_many is not None:
-                    result = self._flush_batch(lane, _batch(closed, self.batch_bytes))
+                    result = self._flush_segments(lane, _batch(closed, self.batch_bytes))
                 else:
                     segment = closed[0] if closed else lane.journal.cut()
                     if segment is None:
                         continue
-                    result = self._flush_segment(lane, segment)
+                    result = self._flush_segments(lane, [segment])
                 if result == "busy":
                     return "busy"  # the store is held: the next journal would wait for nothing
                 if result == "failed":
@@ -343,67 +342,40 @@ class Flusher:
         report = insert_point_lines(self.db, path, retries=self.busy_retries)
         return report.points, report.duplicates
 
-    def _flush_segment(self, lane: _Lane, segment: Segment) -> Outcome:
+    def _flush_segments(self, lane: _Lane, segments: list[Segment]) -> Outcome:
+        """One transaction: one segment, or several (a backlog: one read, one commit, one pause).
+        Refused for its data, a single segment is split (:meth:`_reject`); several go in one by
+        one (nothing of them was stored)."""
         started = self._clock()
+        what = str(segments[0].path) if len(segments) == 1 else f"{len(segments)} segments"
         try:
-            stored, duplicates = lane.load(segment.path)
+            if len(segments) == 1 or lane.load_many is None:
+                stored, duplicates = lane.load(segments[0].path)
+            else:
+                stored, duplicates = lane.load_many([segment.path for segment in segments])
         except StoreBusyError:
             self._busy += 1
-            logger.debug("the store %s is busy; %s waits in the journal", self.db, segment.path.name)
+            logger.debug("the store %s is busy; %s waits in the journal", self.db, what)
             return "busy"
         except StoreError as exc:
             if _same_process_reader(exc):
                 self._busy += 1
                 return "busy"
+            if _refused_data(exc) and len(segments) == 1:
+                return self._reject(lane, segments[0], exc)
             if _refused_data(exc):
-                return self._reject(lane, segment, exc)
+                logger.debug("the store refused %s (%s); flushing them one by one", what, exc)
+                for segment in segments:
+                    outcome = self._flush_segments(lane, [segment])
+                    if outcome != "done":
+                        return outcome
+                return "done"
             self._failures += 1
-            logger.error("could not flush %s into %s (kept, retried): %s", segment.path, self.db, exc)
+            logger.error("could not flush %s into %s (kept, retried): %s", what, self.db, exc)
             return "failed"
         except OSError as exc:
             self._failures += 1
-            logger.error("could not flush %s into %s (kept, retried): %s", segment.path, self.db, exc)
-            return "failed"
-        lane.journal.remove(segment)
-        self._flushes += 1
-        lane.stored += stored
-        lane.duplicates += duplicates
-        self._last_flush = self._clock()
-        logger.debug(
-            "flushed %s: %d %s, %d duplicate(s) in %.3f s",
-            segment.path, stored, lane.noun, duplicates, self._last_flush - started,
-        )  # fmt: skip
-        return "done"
-
-    def _flush_batch(self, lane: _Lane, segments: list[Segment]) -> Outcome:
-        """Several closed segments in one transaction (a backlog: one pause per batch, not per
-        segment); when the store refuses them for their data, each goes in alone, as
-        :meth:`_flush_segment` decides (nothing of the batch was stored)."""
-        if len(segments) == 1 or lane.load_many is None:
-            return self._flush_segment(lane, segments[0])
-        started = self._clock()
-        try:
-            stored, duplicates = lane.load_many([segment.path for segment in segments])
-        except StoreBusyError:
-            self._busy += 1
-            return "busy"
-        except StoreError as exc:
-            if _same_process_reader(exc):
-                self._busy += 1
-                return "busy"
-            if not _refused_data(exc):
-                self._failures += 1
-                logger.error("could not flush %d segments into %s (kept, retried): %s", len(segments), self.db, exc)
-                return "failed"
-            logger.debug("the store refused a batch of %d segments (%s); flushing them one by one", len(segments), exc)
-            for segment in segments:
-                outcome = self._flush_segment(lane, segment)
-                if outcome != "done":
-                    return outcome
-            return "done"
-        except OSError as exc:
-            self._failures += 1
-            logger.error("could not flush %d segments into %s (kept, retried): %s", len(segments), self.db, exc)
+            logger.error("could not flush %s into %s (kept, retried): %s", what, self.db, exc)
             return "failed"
         for segment in segments:
             lane.journal.remove(segment)
@@ -412,8 +384,8 @@ class Flusher:
         lane.duplicates += duplicates
         self._last_flush = self._clock()
         logger.debug(
-            "flushed %d segments: %d %s, %d duplicate(s) in %.3f s",
-            len(segments), stored, lane.noun, duplicates, self._last_flush - started,
+            "flushed %s: %d %s, %d duplicate(s) in %.3f s",
+            what, stored, lane.noun, duplicates, self._last_flush - started,
         )  # fmt: skip
         return "done"
 
@@ -434,7 +406,7 @@ class Flusher:
             return "done"
         logger.debug("the store refused %s (%s); flushing its halves apart", segment.path.name, exc)
         for half in halves:
-            outcome = self._flush_segment(lane, half)
+            outcome = self._flush_segments(lane, [half])
             if outcome != "done":
                 return outcome  # what is left waits at the head of the journal for the next flush
         return "done"
