@@ -103,6 +103,9 @@ def _connect(src: Source) -> Iterator[StoreConnection]:
             _ATTACHED.add(src)
         try:
             yield con
+        except Exception:
+            _ATTACHED.discard(src)  # a failed query sets the views up again next time (dropped, upgraded)
+            raise
         finally:
             con.close()
 

@@ -181,6 +181,10 @@ def test_the_dashboard_sets_clickhouse_views_up_once_then_only_connects(
         assert data.query("totals", Filters())["runs"] > 0
         data.st.cache_data.clear()
     assert len(attached) == 1
+    with pytest.raises(Exception, match="no_such_view"), data._connect(data.source()) as con:  # a view dropped, say
+        assert isinstance(con, ClickHouseConnection)
+        con.df("SELECT * FROM no_such_view")
+    assert data.query("totals", Filters())["runs"] > 0 and len(attached) == 2  # set up again, once
 
 
 @pytest.mark.parametrize(
