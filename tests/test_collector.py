@@ -1035,7 +1035,7 @@ def test_a_span_the_store_refuses_is_isolated_by_splitting_and_set_aside_with_th
     poison["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["kind"] = 200  # written past the receiver's checks
     lines[3] = orjson.dumps(poison) + b"\n"
     journal.submit(b"".join(lines)).result(timeout=10)
-    flusher = Flusher(tmp_path / "s.duckdb", journal, interval_s=0.01)
+    flusher = Flusher(tmp_path / "s.duckdb", journal, interval_s=0.01, batch_bytes=2**24)
     for _ in range(20):
         flusher.flush()
     journal.close()

@@ -486,14 +486,14 @@ def test_a_crash_mid_split_neither_loses_nor_duplicates_a_span(tmp_path: Path) -
         return refusing_marked_spans(db, path, input_format, **options)
 
     with pytest.raises(Crash):
-        Flusher(db, journal, interval_s=0.01, ingest=crashing).flush()
+        Flusher(db, journal, interval_s=0.01, batch_bytes=2**24, ingest=crashing).flush()
     journal.close()
     journal.release()
     assert not original.path.exists()
     original.path.write_bytes(saved)  # and worse: as if the crash came before the original was deleted
     again = Journal(folder, max_segment_bytes=2**20, max_pending_bytes=2**20, max_journal_bytes=2**24)
     again.open()
-    flusher = Flusher(db, again, interval_s=0.01, ingest=refusing_marked_spans)
+    flusher = Flusher(db, again, interval_s=0.01, batch_bytes=2**24, ingest=refusing_marked_spans)
     again.close()
     assert flusher.drain(time.monotonic() + 60)
     again.release()

@@ -162,10 +162,12 @@ SELECT c.tool AS tool, c.ordinal AS ordinal, CAST(count(*) AS BIGINT) AS repeats
        CAST(sum(CASE WHEN c.outcome = 'wasted' THEN 1 ELSE 0 END) AS BIGINT) AS wasted,
        CAST(sum(CASE WHEN c.status = 'failed' THEN 1 ELSE 0 END) AS BIGINT) AS failed,
        CAST(sum(CASE WHEN c.outcome = 'unknown' THEN 1 ELSE 0 END) AS BIGINT) AS unknown
-FROM repeat_outcomes c WHERE c.tool IS NOT NULL AND c.ordinal IS NOT NULL AND {where}
+FROM repeat_outcomes c WHERE c.tool IS NOT NULL AND {where}
 GROUP BY c.tool, c.ordinal
 """
-"""Each tool's and ordinal's executed repeats counted where they are (both engines), not fetched."""
+"""Each tool's and ordinal's executed repeats counted where they are (both engines), not fetched.
+A repeat of a call naming no tool is left out, as the pandas grouping before left it out
+(``identical_repeats_by_tool`` gives it a group of its own)."""
 
 
 def repeat_outcome_by_tool(con: StoreConnection, filters: Filters | None = None) -> pd.DataFrame:

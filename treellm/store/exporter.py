@@ -48,6 +48,7 @@ __all__ = ["DuckDBSpanExporter"]
 logger = logging.getLogger(__name__)
 
 _SEGMENT_BYTES = 64 * 2**20
+_FLUSH_BYTES = 2 * _SEGMENT_BYTES  # a backlog (the store was busy) goes in two segments a transaction
 _MAX_SLOTS = 256
 
 
@@ -82,7 +83,9 @@ class DuckDBSpanExporter(SpanExporter):
         self._lock = threading.Lock()
         self._closed = False
         self.journal = _open_journal(self.path.with_name(self.path.name + ".journal"))
-        self._flusher = Flusher(self.path, self.journal, interval_s=0.0, busy_retries=busy_retries, ingest=ingest)
+        self._flusher = Flusher(
+            self.path, self.journal, interval_s=0.0, batch_bytes=_FLUSH_BYTES, busy_retries=busy_retries, ingest=ingest
+        )
         try:
             legacy = self.journal.adopt(self.path.with_name(self.path.name + ".journal.jsonl"))
         except OSError as exc:

@@ -215,13 +215,13 @@ class Flusher:
         journal: Journal,
         *,
         interval_s: float,
+        batch_bytes: int,
         busy_retries: int = 2,
         ingest: IngestFn = ingest_file,
         ingest_many: IngestFn | None = None,
         clock: Callable[[], float] = time.monotonic,
         metrics_journal: Journal | None = None,
         nice: int = 0,
-        batch_bytes: int = 128 * 1024 * 1024,
     ) -> None:
         self.db = Path(db)
         self.journal = journal
@@ -348,10 +348,13 @@ class Flusher:
         one (nothing of them was stored)."""
         started = self._clock()
         what = str(segments[0].path) if len(segments) == 1 else f"{len(segments)} segments"
+        if len(segments) > 1 and lane.load_many is None:  # never the case (see flush): one at a time
+            return self._flush_segments(lane, segments[:1])
         try:
-            if len(segments) == 1 or lane.load_many is None:
+            if len(segments) == 1:
                 stored, duplicates = lane.load(segments[0].path)
             else:
+                assert lane.load_many is not None
                 stored, duplicates = lane.load_many([segment.path for segment in segments])
         except StoreBusyError:
             self._busy += 1
