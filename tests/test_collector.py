@@ -580,6 +580,10 @@ def test_settings_are_validated_with_expected_and_got() -> None:
             CollectorConfig(flusher_nice=nice)
     with pytest.raises(ConfigError, match="max_flush_bytes: expected a positive integer"):
         CollectorConfig(max_flush_bytes=0)
+    for wait in (-1, True, 601, "5"):
+        with pytest.raises(ConfigError, match="admission_wait_s: expected a number of seconds 0-600"):
+            CollectorConfig(admission_wait_s=wait)  # type: ignore[arg-type]
+    assert CollectorConfig(admission_wait_s=0).admission_wait_s == 0
 
 
 def test_the_flusher_runs_below_the_receivers_priority(tmp_path: Path) -> None:
@@ -603,6 +607,9 @@ def test_a_backlog_flush_is_bounded_by_max_flush_bytes(tmp_path: Path, monkeypat
     assert served[0].max_flush_bytes == 64 * 2**20
     assert collector_main(["--db", str(tmp_path / "s.duckdb")]) == 0
     assert served[1].max_flush_bytes == CollectorConfig().max_flush_bytes == 128 * 2**20
+    assert served[1].admission_wait_s == CollectorConfig().admission_wait_s == 5.0
+    assert collector_main(["--db", str(tmp_path / "s.duckdb"), "--admission-wait", "0"]) == 0
+    assert served[2].admission_wait_s == 0
 
 
 def test_the_token_env_var_must_be_set(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -617,7 +624,8 @@ def test_a_busy_store_delays_nothing_then_503_over_the_bound_then_recovers(
 ) -> None:
     db = tmp_path / "s.duckdb"
     open_store(db).close()
-    config = CollectorConfig(port=0, flush_interval_s=0.1, max_journal_bytes=12_000, retry_after_s=3)
+    config = CollectorConfig(port=0, flush_interval_s=0.1, max_journal_bytes=12_000, retry_after_s=3,
+                             admission_wait_s=0.05)  # fmt: skip
     with Collector(db, config) as busy:
         with lock_holder(db, writer=writer):
             first = client.post(busy.url, content=pb_request(1).SerializeToString(), headers=PROTOBUF)
@@ -628,6 +636,7 @@ def test_a_busy_store_delays_nothing_then_503_over_the_bound_then_recovers(
             assert refused and refused[0].headers["retry-after"] == "3"
             assert "not keeping up" in status_pb2.Status.FromString(refused[0].content).message
             accepted = 1 + sum(r.status_code == 200 for r in statuses)
+            assert busy.stats().admission_wait_refused == len(refused)  # each waited, the store stayed held
             wait_until(lambda: busy.stats().flusher.busy >= 1, what="the flusher to find the store busy")
             assert busy.stats().flusher.spans_stored == 0
         wait_until(lambda: busy.stats().flusher.spans_stored == accepted * 5, what="the drain once the holder left")

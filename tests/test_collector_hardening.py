@@ -561,3 +561,98 @@ def test_requests_keep_being_answered_while_a_flush_is_held(tmp_path: Path) -> N
         release.set()
         wait_until(lambda: target.stats().flusher.spans_stored == 30, what="the held flush and the next ones")
     assert int(query(db, "SELECT count(DISTINCT (trace_id, span_id)) FROM spans")[0][0]) == 30
+
+
+# -- waiting for room in a full journal ---------------------------------------------------------------------
+
+
+def test_the_journal_tells_its_listener_when_a_sync_or_a_flush_frees_room(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j", max_segment_bytes=2**20, max_pending_bytes=2**20, max_journal_bytes=2**24)
+    told: list[str] = []
+    journal.listen(lambda: told.append(threading.current_thread().name))
+    journal.open()
+    journal.submit(b'{"a": 1}\n').result(timeout=10)
+    wait_until(lambda: len(told) == 1, 10, "the writer to tell of its sync")
+    assert told == ["treellm-journal-writer"]
+    segment = journal.cut()
+    assert segment is not None
+    journal.remove(segment)
+    assert len(told) == 2
+    journal.listen(None)
+    journal.submit(b'{"a": 2}\n').result(timeout=10)
+    journal.close()
+    assert len(told) == 2
+    journal.release()
+
+
+def _held_ingest() -> tuple[threading.Event, threading.Event, Any]:
+    entered, release = threading.Event(), threading.Event()
+
+    def held(db: Any, path: Any, input_format: str, **options: Any) -> FileReport:
+        entered.set()
+        assert release.wait(60)
+        return ingest_file(db, path, input_format, **options)
+
+    return entered, release, held
+
+
+def test_a_request_over_the_journals_bound_waits_for_room_and_is_acknowledged(tmp_path: Path) -> None:
+    """The store is held (no clock): a request that finds the journal full is not answered 503 but
+    waits, with its body unread, and is acknowledged once the flush frees room."""
+    entered, release, held = _held_ingest()
+    db = tmp_path / "s.duckdb"
+    config = CollectorConfig(port=0, flush_interval_s=0.1, max_journal_bytes=12_000, admission_wait_s=120)
+    statuses: list[int] = []
+    with Collector(db, config, ingest=held) as target, httpx.Client(timeout=150) as client:
+
+        def send_all() -> None:
+            for n in range(12):
+                body = pb_request(n).SerializeToString()
+                statuses.append(client.post(target.url, content=body, headers=PROTOBUF).status_code)
+
+        sender = threading.Thread(target=send_all)
+        sender.start()
+        assert entered.wait(30)
+        wait_until(lambda: target.stats().admission_waits >= 1, 60, "a request to wait for room")
+        assert sender.is_alive() and 503 not in statuses and len(statuses) < 12
+        release.set()
+        sender.join(120)
+        assert statuses == [200] * 12
+        stats = target.stats()
+        assert stats.admission_wait_refused == 0 and stats.refused == 0
+        wait_until(lambda: target.stats().flusher.spans_stored == 60, what="every span stored")
+    assert sorted(span_keys(db)) == sorted(
+        (ids(n, i)[0].hex(), ids(n, i)[1].hex()) for n in range(12) for i in range(5)
+    )
+
+
+def test_stopping_answers_a_waiting_request_503_at_once(tmp_path: Path) -> None:
+    entered, release, held = _held_ingest()
+    db = tmp_path / "s.duckdb"
+    config = CollectorConfig(port=0, flush_interval_s=0.1, max_journal_bytes=6_000, admission_wait_s=120)
+    answers: list[httpx.Response] = []
+    target = Collector(db, config, ingest=held)
+    target.start()
+    with httpx.Client(timeout=150) as client:
+
+        def send_all() -> None:
+            for n in range(12):
+                body = pb_request(n).SerializeToString()
+                answers.append(client.post(target.url, content=body, headers=PROTOBUF))
+                if answers[-1].status_code != 200:
+                    return
+
+        sender = threading.Thread(target=send_all)
+        sender.start()
+        assert entered.wait(30)
+        wait_until(lambda: target.stats().admission_waits >= 1, 60, "a request to wait for room")
+        stopper = threading.Thread(target=target.stop)
+        stopper.start()
+        sender.join(60)  # answered while the store is still held: stopping ended the wait
+        assert not sender.is_alive()
+        last = answers[-1]
+        assert last.status_code == 503 and "shutting down" in status_pb2.Status.FromString(last.content).message
+        release.set()
+        stopper.join(120)
+    acknowledged = sum(a.status_code == 200 for a in answers)
+    assert acknowledged >= 1 and count_spans(db) == acknowledged * 5

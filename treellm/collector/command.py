@@ -82,6 +82,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"is cheaper a span, and a reader waits longer for it (default {DEFAULTS.max_flush_bytes // 2**20}MiB)",
     )
     add(
+        "--admission-wait",
+        type=float,
+        metavar="S",
+        help="a request arriving while the journal is full waits up to S seconds for the store to catch up "
+        f"before it is answered 503 (0: at once; default {DEFAULTS.admission_wait_s:g})",
+    )
+    add(
         "--flusher-nice",
         type=int,
         metavar="N",
@@ -118,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         max_connections=args.max_connections,
         max_connections_per_peer=args.max_connections_per_peer,
         flusher_nice=args.flusher_nice,
+        admission_wait_s=args.admission_wait,
         max_flush_bytes=parse_size(args.max_flush, setting="--max-flush") if args.max_flush else None,
     )
     return serve(

@@ -60,6 +60,12 @@ class CollectorConfig:
     - ``max_pending_bytes``: bytes waiting for the journal's fsync; above it, 429.
     - ``max_journal_bytes``: bytes journaled and not yet in the store; above it, 503
       (the store cannot keep up, e.g. another writer holds it).
+    - ``admission_wait_s``: how long a request over a journal bound waits for room before it is
+      answered 429 / 503: it waits before its body is read (the body stays in the socket, so a
+      waiting request holds no memory) and goes on as soon as a sync or a flush frees room. A
+      store that falls behind for a moment then slows clients down instead of turning them away
+      for ``Retry-After`` seconds each; one that stays behind still answers 503 after this long.
+      0 answers at once. Keep it well under the clients' timeout (10 s in the OpenTelemetry SDKs).
     - ``retry_after_s``: the ``Retry-After`` sent with 429 and 503.
     - ``drain_timeout_s``: on shutdown, how long to keep trying to move the journal into
       a busy store before leaving it for the next start.
@@ -106,6 +112,7 @@ class CollectorConfig:
     max_flush_bytes: int = 128 * _MiB
     max_pending_bytes: int = 64 * _MiB
     max_journal_bytes: int = 1024 * _MiB
+    admission_wait_s: float = 5.0
     retry_after_s: int = 2
     drain_timeout_s: float = 30.0
     journal_dir: Path | None = None
@@ -130,6 +137,9 @@ class CollectorConfig:
         _positive_int("max_flush_bytes", self.max_flush_bytes)
         _positive_int("max_pending_bytes", self.max_pending_bytes)
         _positive_int("max_journal_bytes", self.max_journal_bytes)
+        _expect("admission_wait_s", isinstance(self.admission_wait_s, int | float) and not
+                isinstance(self.admission_wait_s, bool) and 0 <= self.admission_wait_s <= 600,
+                "a number of seconds 0-600", self.admission_wait_s)  # fmt: skip
         _positive_int("retry_after_s", self.retry_after_s)
         _positive_number("drain_timeout_s", self.drain_timeout_s)
         _expect("journal_dir", self.journal_dir is None or (isinstance(self.journal_dir, Path) and

@@ -15,6 +15,13 @@ Contract:
   before reading, the count checked while reading and while decompressing); 415 for
   another content type or coding; 429 / 503 with ``Retry-After`` over the journal's
   bounds or while stopping. ``GET /health`` answers 200 with the counters (no token).
+- A request over a journal bound waits up to ``admission_wait_s`` for room before it is answered
+  429 / 503, its body still unread (the socket holds it: a waiting request holds no memory). The
+  journal tells the event loop whenever a sync or a flush frees bytes (:meth:`Journal.listen`),
+  and every waiting request checks again then: a store that falls behind for a moment slows the
+  clients down instead of sending each away for ``Retry-After`` seconds. ``/health`` counts the
+  requests that waited (``admission_waits``) and those still refused after it
+  (``admission_wait_refused``); stopping ends every wait with 503.
 - ``POST /v1/metrics`` answers by the same rules (an ``ExportMetricsServiceResponse``,
   ``rejected_data_points`` in a partial success): 200 only once the request's data points
   are fsync'd in the metrics journal; the flusher inserts them into ``metric_points``
@@ -52,6 +59,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -60,6 +68,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -145,6 +154,8 @@ class CollectorStats:
     connection_cap_per_peer: int = 0
     peers: int = 0
     peer_refused: int = 0
+    admission_waits: int = 0
+    admission_wait_refused: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The counters as ``/health`` shows them; the flusher's accounting lifted to ``accounting``
@@ -153,6 +164,13 @@ class CollectorStats:
         del data["flusher"]["accounting"]
         data["accounting"] = self.flusher.accounting.to_json()
         return data
+
+
+@dataclass(slots=True)
+class _Wait:
+    """One request's wait for room in the journal: its deadline, set when it first waits."""
+
+    deadline: float | None = None
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -233,16 +251,22 @@ class Collector:
         self._accepted_points = 0
         self._rejected_points = 0
         self._refused = 0
+        self._room: asyncio.Event | None = None  # set, then replaced, whenever a journal frees room
+        self._admission_waits = 0
+        self._admission_wait_refused = 0
+        self._held_bytes = 0  # decoded requests waiting for room (event loop only)
         self.url = ""
         self.metrics_url = ""
 
     def _journal(self, folder: Path) -> Journal:
-        return Journal(
+        journal = Journal(
             folder,
             max_segment_bytes=self.config.max_segment_bytes,
             max_pending_bytes=self.config.max_pending_bytes,
             max_journal_bytes=self.config.max_journal_bytes,
         )
+        journal.listen(self._room_freed)  # frees bytes only once open, after start() set the loop up
+        return journal
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -336,6 +360,7 @@ class Collector:
         def connection() -> GuardedH11:  # as uvicorn makes them (no lifespan: no state)
             return protocol(config=server.config, server_state=server.server_state, app_state={}, _loop=loop)
 
+        self._room = asyncio.Event()
         self._loop = loop
         self._accepting = asyncio.create_task(accept_forever(sock, connection, self._rules))
         try:
@@ -354,6 +379,7 @@ class Collector:
             return True
         self._started = False
         self._stopping = True
+        self._room_freed()  # a request waiting for room is answered 503 at once
         if self._loop is not None and self._accepting is not None:
             self._loop.call_soon_threadsafe(self._accepting.cancel)  # accept no more, at once
         if self._server is not None:
@@ -408,7 +434,73 @@ class Collector:
             connection_cap_per_peer=self._rules.per_peer,
             peers=len(self._rules.peers),
             peer_refused=self._rules.peer_refused,
+            admission_waits=self._admission_waits,
+            admission_wait_refused=self._admission_wait_refused,
         )
+
+    # -- waiting for room in the journal -----------------------------------------------------------------
+
+    def _room_freed(self) -> None:
+        """From any thread: a journal freed bytes (or the collector is stopping); wake the waiters."""
+        loop = getattr(self, "_loop", None)
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the event loop has closed: nobody waits
+                loop.call_soon_threadsafe(self._wake_waiters)
+
+    def _wake_waiters(self) -> None:
+        room, self._room = self._room, asyncio.Event()
+        if room is not None:
+            room.set()
+
+    async def _wait_for_room(self, wait: _Wait) -> bool:
+        """Wait until a journal frees room (or the request's deadline, set by its first wait):
+        False when the deadline passed, the collector stops or waiting is off."""
+        if self.config.admission_wait_s <= 0 or self._stopping or self._room is None:
+            return False
+        loop = asyncio.get_running_loop()
+        if wait.deadline is None:
+            wait.deadline = loop.time() + self.config.admission_wait_s
+            self._admission_waits += 1
+        remaining = wait.deadline - loop.time()
+        if remaining <= 0:
+            return False
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(remaining):
+                await self._room.wait()  # set in this thread only: no wake is lost in between
+        return not self._stopping
+
+    async def _admit(self, journal: Journal, wait: _Wait) -> Overloaded | None:
+        """Why ``journal`` cannot take a request now, after waiting for room (the module docstring)."""
+        refusal = journal.admission()
+        while refusal is not None and await self._wait_for_room(wait):
+            refusal = journal.admission()
+        return refusal
+
+    async def _submit(self, journal: Journal, data: bytes, wait: _Wait) -> Future[None]:
+        """``journal.submit(data)``, waiting for room while the request's deadline allows; the
+        bytes held meanwhile stay within ``max_pending_bytes`` (beyond it, refused at once)."""
+        while True:
+            try:
+                return journal.submit(data)
+            except Overloaded:
+                if self._held_bytes + len(data) > self.config.max_pending_bytes:
+                    raise
+                self._held_bytes += len(data)
+                try:
+                    room = await self._wait_for_room(wait)
+                finally:
+                    self._held_bytes -= len(data)
+                if not room:
+                    raise
+
+    def _over_bound(self, encoding: Encoding | None, refusal: Overloaded, wait: _Wait) -> Response:
+        """The answer to a request the journal has no room for (after its wait, ended by stopping or
+        by its deadline)."""
+        if self._stopping:
+            return self._error(encoding, 503, "the collector is shutting down", headers=self._retry_after)
+        if wait.deadline is not None:
+            self._admission_wait_refused += 1
+        return self._error(encoding, refusal.status, str(refusal), headers=self._retry_after)
 
     # -- HTTP ------------------------------------------------------------------------------------------
 
@@ -485,11 +577,10 @@ class Collector:
         if coding is None:
             return self._error(encoding, 415, f"unsupported Content-Encoding {headers.get('content-encoding')!r}: "
                                "send gzip, deflate or none")  # fmt: skip
-        if self._stopping:
-            return self._error(encoding, 503, "the collector is shutting down", headers=self._retry_after)
-        refusal = journal.admission()
-        if refusal is not None:
-            return self._error(encoding, refusal.status, str(refusal), headers=self._retry_after)
+        wait = _Wait()
+        refusal = await self._admit(journal, wait)
+        if refusal is not None or self._stopping:
+            return self._over_bound(encoding, refusal or Overloaded("stopping", status=503), wait)
         limit = self.config.max_body_bytes
         try:
             async with asyncio.timeout(self.config.body_timeout_s):  # the whole body, however it trickles in
@@ -508,9 +599,9 @@ class Collector:
             return self._error(encoding, 400, exc.reason, field=exc.field)
         if decoded.lines:
             try:
-                future = journal.submit(b"".join(decoded.lines))
+                future = await self._submit(journal, b"".join(decoded.lines), wait)
             except Overloaded as exc:
-                return self._error(encoding, exc.status, str(exc), headers=self._retry_after)
+                return self._over_bound(encoding, exc, wait)
             except JournalError as exc:
                 return self._error(encoding, 503, str(exc), headers=self._retry_after)
             try:

@@ -23,6 +23,9 @@ Contract:
   :class:`Overloaded` status 429; more than
   ``max_journal_bytes`` journaled but not yet in the store refuses them with status 503.
   One submission is always taken when nothing waits (a large request is never starved).
+  :meth:`Journal.listen` names a callback told whenever bytes leave a bound (a sync completed, a
+  segment removed or quarantined), from the thread that freed them: a submitter refused for want
+  of room can wait for it instead of polling (the collector holds a request that way).
 - :meth:`Journal.cut` closes the open segment (the flusher calls it before each flush);
   a segment also closes when it reaches ``max_segment_bytes``. Closed segments are
   immutable; :meth:`Journal.remove` deletes one after its spans are committed to the store;
@@ -186,6 +189,7 @@ class Journal:
         self._submissions = 0
         self._syncs = 0
         self._write_failures = 0
+        self._on_room: Callable[[], None] | None = None
 
     # -- owner -----------------------------------------------------------------------------------------
 
@@ -301,6 +305,16 @@ class Journal:
 
     # -- submitters ------------------------------------------------------------------------------------
 
+    def listen(self, on_room: Callable[[], None] | None) -> None:
+        """Call ``on_room`` (no arguments, quick, from the thread that freed them) whenever bytes
+        leave a bound; None stops it."""
+        self._on_room = on_room
+
+    def _room(self) -> None:
+        on_room = self._on_room
+        if on_room is not None:
+            on_room()
+
     def admission(self, size: int = 0) -> Overloaded | None:
         """Why ``size`` more bytes would be refused now, or None (a cheap early check)."""
         with self._lock:
@@ -362,6 +376,7 @@ class Journal:
                     future.set_result(None)
                 else:
                     future.set_exception(error)
+            self._room()
 
     def _write(self, data: bytes) -> JournalError | None:
         with self._file_lock:
@@ -506,6 +521,7 @@ class Journal:
             if segment in self._closed:
                 self._closed.remove(segment)
                 self._closed_bytes -= segment.size
+        self._room()
 
     def stats(self) -> JournalStats:
         with self._lock:
