@@ -431,6 +431,30 @@ def test_pieces_give_every_thread_work_and_bound_what_is_parsed_at_once() -> Non
     assert piece_bytes(mib, 0) == mib
 
 
+def test_the_overlong_line_check_finds_what_a_line_by_line_read_finds(tmp_path: Path) -> None:
+    """The windowed check (a few lookups for a file of short lines) agrees with reading every line,
+    on lines around the limit, at the start, in the middle, as a torn tail, and without any newline."""
+    import importlib
+    import random
+
+    ingest_module = importlib.import_module("treellm.store.ingest")
+    limit = 50
+    rng = random.Random(7)
+    path = tmp_path / "lines.jsonl"
+    cases = [b"", b"x" * 51, b"x" * 50, b"x" * 50 + b"\n", b"\n" * 200, b"a\n" + b"y" * 51 + b"\n" + b"b\n" * 60]
+    for _ in range(300):
+        lengths = [rng.choice([0, 1, 10, 49, 50, 50, 51, 120]) for _ in range(rng.randint(1, 12))]
+        text = b"\n".join(b"z" * n for n in lengths)
+        cases.append(text + (b"\n" if rng.random() < 0.5 else b""))
+    found = []
+    for text in cases:
+        path.write_bytes(text)
+        expected = ingest_module._first_overlong_line(path, limit)
+        assert ingest_module._overlong_line(path, limit) == expected, text
+        found.append(expected)
+    assert None in found and (2, 51) in found and (1, 51) in found
+
+
 # treellm owns only what it creates: a DuckDB file that is not a treellm store is refused, unchanged.
 
 
