@@ -13,7 +13,9 @@ Measured in one run, each against a fresh ``python -m treellm.collector`` subpro
   SDK's ``encode_spans``; the trace and span ids are patched per request, so every span is
   new) for ``--seconds``; a 429/503 is retried after its ``Retry-After``, as OTLP clients
   do. Reported: acknowledged spans/s, p50/p99 acknowledgement latency, refusals, then,
-  after SIGTERM and the drain, whether the store holds exactly the acknowledged spans.
+  after SIGTERM and the drain, whether the store holds exactly the acknowledged spans; below
+  the table, the acknowledged rate in each 5 s of the load (it falls where the journal's bound
+  is reached and receiving waits for the store) and how many requests waited for room.
 - ``pre-encoded + reader``: the same while a reader opens the store read-only every
   second, counts the spans and closes it (as the dashboard does); its query time and how
   far the visible count trails the acknowledged one (in seconds of load) are reported.
@@ -332,6 +334,20 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
+WINDOW_S = 5.0
+
+
+def _by_window(load: Load, started: float, elapsed: float) -> str:
+    """Acknowledged spans/s in each ``WINDOW_S`` of the load (the last window may be partial):
+    where the journal fills, the rate falls to what the store's ingest beside the receiver allows."""
+    windows = [0] * max(1, int(-(-elapsed // WINDOW_S)))
+    previous = 0
+    for at, count in load.acks:
+        windows[min(len(windows) - 1, int((at - started) // WINDOW_S))] += count - previous
+        previous = count
+    return " ".join(f"{n / WINDOW_S / 1000:.1f}k" for n in windows)
+
+
 def pre_encoded(args: argparse.Namespace, template: Template, *, with_reader: bool, rate: float | None = None,
                 options: Sequence[str] = (), label: str = "") -> Row:  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="treellm-bench-collector-") as tmp:
@@ -342,20 +358,24 @@ def pre_encoded(args: argparse.Namespace, template: Template, *, with_reader: bo
         if watcher is not None:
             watcher.start()
         cpu_before, client_before = collector.cpu_seconds(), time.process_time()
+        started = time.perf_counter()
         elapsed = run_load(collector.url, template, seconds=args.seconds, connections=args.connections,
                            load=load, rate=rate)  # fmt: skip
         cpu, client = collector.cpu_seconds() - cpu_before, time.process_time() - client_before
         stop.set()
         if watcher is not None:
             watcher.join()
-        journal = collector.health()["journal"]
+        health = collector.health()
+        journal = health["journal"]
         code, drain_s = collector.stop()
         stored = collector.stored()
     achieved = load.acked_spans / elapsed
     ok = "yes" if stored == load.acked_spans and code == 0 and not load.errors else f"NO ({stored:,}, exit {code})"
     note = (f"{load.acked_spans:,} spans acked; {journal['submissions']:,} requests journaled with "
             f"{journal['syncs']:,} fdatasync(s); CPU of the collector with its decoding processes "
-            f"{cpu / elapsed:.0%} of one core, of the load client (and reader) {client / elapsed:.0%}")  # fmt: skip
+            f"{cpu / elapsed:.0%} of one core, of the load client (and reader) {client / elapsed:.0%}; "
+            f"{health['admission_waits']:,} request(s) waited for room in the journal; acknowledged spans/s by "
+            f"{WINDOW_S:.0f} s of the load: {_by_window(load, started, elapsed)}")  # fmt: skip
     if samples:
         waits, queries, ages = ([getattr(x, k) for x in samples] for k in ("wait_s", "query_s", "age_s"))
         note += (
