@@ -62,7 +62,9 @@ class CollectorConfig:
       (the store cannot keep up, e.g. another writer holds it).
     - ``admission_wait_s``: how long a request over a journal bound waits for room before it is
       answered 429 / 503: it waits before its body is read (the body stays in the socket, so a
-      waiting request holds no memory) and goes on as soon as a sync or a flush frees room. A
+      waiting request holds no memory; one let in whose decoded spans then find no room waits
+      holding them, at most ``max_pending_bytes`` in all) and goes on as soon as a sync or a
+      flush frees room. A
       store that falls behind for a moment then slows clients down instead of turning them away
       for ``Retry-After`` seconds each; one that stays behind still answers 503 after this long.
       0 answers at once. Keep it well under the clients' timeout (10 s in the OpenTelemetry SDKs).

@@ -19,7 +19,10 @@ Contract:
   429 / 503, its body still unread (the socket holds it: a waiting request holds no memory). The
   journal tells the event loop whenever a sync or a flush frees bytes (:meth:`Journal.listen`),
   and every waiting request checks again then: a store that falls behind for a moment slows the
-  clients down instead of sending each away for ``Retry-After`` seconds. ``/health`` counts the
+  clients down instead of sending each away for ``Retry-After`` seconds. A request let in whose
+  decoded spans then find no room (others took it meanwhile) waits the rest of its time too,
+  holding them: at most ``max_pending_bytes`` are held so, beyond that it is refused at once.
+  ``/health`` counts the
   requests that waited (``admission_waits``) and those still refused after it
   (``admission_wait_refused``); stopping ends every wait with 503.
 - ``POST /v1/metrics`` answers by the same rules (an ``ExportMetricsServiceResponse``,
@@ -218,6 +221,7 @@ class Collector:
         self.db = Path(db)
         self.config = config
         folder = journal_folder(db, config)
+        self._loop: asyncio.AbstractEventLoop | None = None  # the journals wake waiters through it
         self.journal = self._journal(folder)
         self.metrics_journal = self._journal(folder / METRICS_FOLDER)
         self.flusher = Flusher(
@@ -240,7 +244,6 @@ class Collector:
         self._protocol = guarded_protocol(self._rules)
         self._socket: socket.socket | None = None
         self._server: uvicorn.Server | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._accepting: asyncio.Task[None] | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -265,7 +268,7 @@ class Collector:
             max_pending_bytes=self.config.max_pending_bytes,
             max_journal_bytes=self.config.max_journal_bytes,
         )
-        journal.listen(self._room_freed)  # frees bytes only once open, after start() set the loop up
+        journal.listen(self._room_freed)
         return journal
 
     # -- lifecycle -------------------------------------------------------------------------------------
@@ -442,7 +445,7 @@ class Collector:
 
     def _room_freed(self) -> None:
         """From any thread: a journal freed bytes (or the collector is stopping); wake the waiters."""
-        loop = getattr(self, "_loop", None)
+        loop = self._loop
         if loop is not None:
             with contextlib.suppress(RuntimeError):  # the event loop has closed: nobody waits
                 loop.call_soon_threadsafe(self._wake_waiters)
@@ -579,8 +582,10 @@ class Collector:
                                "send gzip, deflate or none")  # fmt: skip
         wait = _Wait()
         refusal = await self._admit(journal, wait)
-        if refusal is not None or self._stopping:
-            return self._over_bound(encoding, refusal or Overloaded("stopping", status=503), wait)
+        if self._stopping:
+            return self._error(encoding, 503, "the collector is shutting down", headers=self._retry_after)
+        if refusal is not None:
+            return self._over_bound(encoding, refusal, wait)
         limit = self.config.max_body_bytes
         try:
             async with asyncio.timeout(self.config.body_timeout_s):  # the whole body, however it trickles in
