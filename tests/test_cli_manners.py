@@ -292,3 +292,29 @@ def test_run_against_a_closed_port_names_connection_refused(tmp_path: Path) -> N
     assert last.startswith("treellm: run ended failed: model 'm' at http://127.0.0.1:")
     assert "connection failed: Connection refused" in last
     assert "✗ think failed: " in done.stderr and "ended by error: " in done.stderr
+
+
+_PROGRESS_BAR_SETTINGS = """
+import sys, duckdb
+from treellm.store import open_store
+from treellm.store.connection import connect_quietly
+def bar(con):
+    try:
+        return con.execute("SELECT current_setting('enable_progress_bar')").fetchone()[0]
+    finally:
+        con.close()
+db = sys.argv[1]
+print([bar(duckdb.connect()), bar(open_store(db)), bar(open_store(db, read_only=True)), bar(connect_quietly())])
+"""
+
+
+def test_duckdb_draws_no_progress_bar_of_its_own_into_the_output(tmp_path: Path) -> None:
+    """DuckDB's Python client draws a progress bar on stdout for any query past two seconds, terminal
+    or not (``treellm report --json`` would carry it into the JSON): every connection treellm opens
+    turns it off, and treellm says its own progress. In a process of its own with stdout a pipe, as a
+    user's (pytest's own process starts with it off): a bare connection has the bar on, treellm's
+    have it off."""
+    done = subprocess.run([sys.executable, "-c", _PROGRESS_BAR_SETTINGS, str(tmp_path / "s.duckdb")],
+                          check=False, capture_output=True, text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[True, False, False, False]"

@@ -32,7 +32,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-import duckdb
 import pandas as pd
 
 from treellm import settings
@@ -61,7 +60,7 @@ from treellm.store.clickhouse_views import (
     view_columns_wanted,
     view_queries,
 )
-from treellm.store.connection import NotOwnedError, apply_migrations
+from treellm.store.connection import NotOwnedError, apply_migrations, connect_quietly
 from treellm.store.judged import create_judged
 from treellm.urls import display_url
 from treellm.urls import scrub as _scrubbed
@@ -146,7 +145,7 @@ def _array_text(values: Sequence[Any]) -> str:
 
 @functools.cache
 def _described() -> dict[str, tuple[Column, ...]]:
-    con = duckdb.connect()
+    con = connect_quietly()
     try:
         apply_migrations(con)
         create_judged(con)

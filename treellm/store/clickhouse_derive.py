@@ -53,6 +53,7 @@ from treellm.derive.transform import WRITTEN_BACK
 from treellm.errors import ConfigError
 from treellm.store.clickhouse import ClickHouseConnection, store_columns, view_columns
 from treellm.store.clickhouse_views import DERIVED_SPANS, DERIVED_TRACES, DERIVED_VIEWS, derived_schema
+from treellm.store.connection import connect_quietly
 from treellm.store.ingest import BadRecord, ingest
 from treellm.store.judged import create_judged
 from treellm.telemetry import semconv as sc
@@ -439,10 +440,10 @@ def derive_traces(
         spans_read = exported.count(b"\n")
         rows.write_bytes(exported)
         del exported
-        with duckdb.connect() as con:
+        with connect_quietly() as con:
             con.execute(otlp_lines_sql(str(rows), str(otlp)))
         report = ingest(db, [otlp], "otlp-jsonl", skip_bad=True)
-        with duckdb.connect(str(db)) as con:
+        with connect_quietly(str(db)) as con:
             con.execute("UPDATE spans SET source = ?", [ch.table])
             written = write_derived(con, ch, list(chosen), version)
     record_traces(ch, chosen, shard, version)

@@ -46,6 +46,7 @@ from treellm.store.clickhouse_derive import (
     trace_counts_sql,
     write_derived,
 )
+from treellm.store.connection import connect_quietly
 from treellm.store.ingest import IngestProgress, IngestReport, InputFormatChoice, ingest
 
 __all__ = ["ingest_clickhouse", "rows_sql"]
@@ -151,7 +152,7 @@ def ingest_clickhouse(
     with tempfile.TemporaryDirectory(prefix="treellm-ch-ingest-") as folder:
         db = Path(folder) / "ingest.duckdb"
         report = ingest(db, paths, input_format, skip_bad=skip_bad, progress=progress)
-        con = duckdb.connect(str(db))
+        con = connect_quietly(str(db))
         try:
             present = _existing(con, ch)
             runs: int = con.execute(

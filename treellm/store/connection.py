@@ -43,7 +43,8 @@ from treellm.store.schema import (
 from treellm.store.views import duckdb_views
 
 __all__ = [
-    "DEFAULT_DB", "ENV_DB", "NotOwnedError", "apply_migrations", "default_db_path", "foreign_store_reason",
+    "DEFAULT_DB", "ENV_DB", "NotOwnedError", "apply_migrations", "connect_quietly", "default_db_path",
+    "foreign_store_reason",
     "open_parquet", "open_store", "unmigrated_reason",
 ]  # fmt: skip
 
@@ -191,6 +192,19 @@ def _transaction(con: duckdb.DuckDBPyConnection, what: str, sql: str, name: str 
         raise StoreError(f"{what} failed: {exc}") from exc
 
 
+def connect_quietly(database: str = ":memory:", *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """``duckdb.connect`` without DuckDB's own progress bar, which its Python client draws on stdout for
+    any query past two seconds, on a terminal or not (a pipe, JSON output or a log then fills with
+    bars): treellm says its own progress, a bar on a terminal and one line otherwise."""
+    con = duckdb.connect(database, read_only=read_only)
+    try:
+        con.execute("SET enable_progress_bar = false")
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
 def open_store(
     path: str | os.PathLike[str] | None = None,
     read_only: bool = False,
@@ -216,7 +230,7 @@ def open_store(
     attempt = 0
     while True:
         try:
-            con = duckdb.connect(str(target), read_only=read_only)
+            con = connect_quietly(str(target), read_only=read_only)
             break
         except duckdb.Error as exc:
             if not _is_lock_conflict(exc):
@@ -300,7 +314,7 @@ def open_parquet(folders: Sequence[str | os.PathLike[str]]) -> duckdb.DuckDBPyCo
             if next(base.rglob("*.parquet"), None) is not None:
                 globs.append(str(base / "**" / "*.parquet"))
         found[table] = globs
-    con = duckdb.connect()
+    con = connect_quietly()
     try:
         apply_migrations(con)  # every table and view at its latest shape
         for table, globs in found.items():
