@@ -606,7 +606,7 @@ def test_a_backlog_flush_is_bounded_by_max_flush_bytes(tmp_path: Path, monkeypat
     assert collector_main(["--db", str(tmp_path / "s.duckdb"), "--max-flush", "64MiB"]) == 0
     assert served[0].max_flush_bytes == 64 * 2**20
     assert collector_main(["--db", str(tmp_path / "s.duckdb")]) == 0
-    assert served[1].max_flush_bytes == CollectorConfig().max_flush_bytes == 128 * 2**20
+    assert served[1].max_flush_bytes == CollectorConfig().max_flush_bytes == 256 * 2**20
     assert served[1].admission_wait_s == CollectorConfig().admission_wait_s == 5.0
     assert collector_main(["--db", str(tmp_path / "s.duckdb"), "--admission-wait", "0"]) == 0
     assert served[2].admission_wait_s == 0

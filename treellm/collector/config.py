@@ -111,7 +111,7 @@ class CollectorConfig:
     max_body_bytes: int = 20 * _MiB
     flush_interval_s: float = 1.0
     max_segment_bytes: int = 32 * _MiB
-    max_flush_bytes: int = 128 * _MiB
+    max_flush_bytes: int = 256 * _MiB
     max_pending_bytes: int = 64 * _MiB
     max_journal_bytes: int = 1024 * _MiB
     admission_wait_s: float = 5.0
