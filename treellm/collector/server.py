@@ -258,6 +258,7 @@ class Collector:
         self._admission_waits = 0
         self._admission_wait_refused = 0
         self._held_bytes = 0  # decoded requests waiting for room (event loop only)
+        self._waiting = 0  # requests waiting for room now (written on the event loop only)
         self.url = ""
         self.metrics_url = ""
 
@@ -444,9 +445,11 @@ class Collector:
     # -- waiting for room in the journal -----------------------------------------------------------------
 
     def _room_freed(self) -> None:
-        """From any thread: a journal freed bytes (or the collector is stopping); wake the waiters."""
+        """From any thread: a journal freed bytes (or the collector is stopping); wake the waiters,
+        when a request waits (a sync frees bytes hundreds of times a second: the event loop is not
+        woken for each)."""
         loop = self._loop
-        if loop is not None:
+        if loop is not None and self._waiting:
             with contextlib.suppress(RuntimeError):  # the event loop has closed: nobody waits
                 loop.call_soon_threadsafe(self._wake_waiters)
 
@@ -455,9 +458,10 @@ class Collector:
         if room is not None:
             room.set()
 
-    async def _wait_for_room(self, wait: _Wait) -> bool:
+    async def _wait_for_room(self, wait: _Wait, full: Callable[[], bool]) -> bool:
         """Wait until a journal frees room (or the request's deadline, set by its first wait):
-        False when the deadline passed, the collector stops or waiting is off."""
+        False when the deadline passed, the collector stops or waiting is off. ``full`` is asked
+        again once the request counts as waiting: room freed before then woke nobody."""
         if self.config.admission_wait_s <= 0 or self._stopping or self._room is None:
             return False
         loop = asyncio.get_running_loop()
@@ -467,15 +471,21 @@ class Collector:
         remaining = wait.deadline - loop.time()
         if remaining <= 0:
             return False
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(remaining):
-                await self._room.wait()  # set in this thread only: no wake is lost in between
+        self._waiting += 1
+        try:
+            if not full():
+                return True
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self._room.wait()  # set in this thread only: no wake is lost in between
+        finally:
+            self._waiting -= 1
         return not self._stopping
 
     async def _admit(self, journal: Journal, wait: _Wait) -> Overloaded | None:
         """Why ``journal`` cannot take a request now, after waiting for room (the module docstring)."""
         refusal = journal.admission()
-        while refusal is not None and await self._wait_for_room(wait):
+        while refusal is not None and await self._wait_for_room(wait, lambda: journal.admission() is not None):
             refusal = journal.admission()
         return refusal
 
@@ -490,16 +500,16 @@ class Collector:
                     raise
                 self._held_bytes += len(data)
                 try:
-                    room = await self._wait_for_room(wait)
+                    room = await self._wait_for_room(wait, lambda: journal.admission(len(data)) is not None)
                 finally:
                     self._held_bytes -= len(data)
                 if not room:
                     raise
 
-    def _over_bound(self, encoding: Encoding | None, refusal: Overloaded, wait: _Wait) -> Response:
+    def _over_bound(self, encoding: Encoding | None, refusal: Overloaded | None, wait: _Wait) -> Response:
         """The answer to a request the journal has no room for (after its wait, ended by stopping or
-        by its deadline)."""
-        if self._stopping:
+        by its deadline), or that arrived while stopping."""
+        if self._stopping or refusal is None:
             return self._error(encoding, 503, "the collector is shutting down", headers=self._retry_after)
         if wait.deadline is not None:
             self._admission_wait_refused += 1
@@ -582,9 +592,7 @@ class Collector:
                                "send gzip, deflate or none")  # fmt: skip
         wait = _Wait()
         refusal = await self._admit(journal, wait)
-        if self._stopping:
-            return self._error(encoding, 503, "the collector is shutting down", headers=self._retry_after)
-        if refusal is not None:
+        if refusal is not None or self._stopping:
             return self._over_bound(encoding, refusal, wait)
         limit = self.config.max_body_bytes
         try:

@@ -347,15 +347,15 @@ class Flusher:
         Refused for its data, a single segment is split (:meth:`_reject`); several go in one by
         one (nothing of them was stored)."""
         started = self._clock()
+        load_many = lane.load_many if len(segments) > 1 else None
+        if load_many is None:
+            segments = segments[:1]  # a lane without load_many takes one at a time (flush never asks it)
         what = str(segments[0].path) if len(segments) == 1 else f"{len(segments)} segments"
-        if len(segments) > 1 and lane.load_many is None:  # never the case (see flush): one at a time
-            return self._flush_segments(lane, segments[:1])
         try:
-            if len(segments) == 1:
+            if load_many is None:
                 stored, duplicates = lane.load(segments[0].path)
             else:
-                assert lane.load_many is not None
-                stored, duplicates = lane.load_many([segment.path for segment in segments])
+                stored, duplicates = load_many([segment.path for segment in segments])
         except StoreBusyError:
             self._busy += 1
             logger.debug("the store %s is busy; %s waits in the journal", self.db, what)
@@ -364,9 +364,9 @@ class Flusher:
             if _same_process_reader(exc):
                 self._busy += 1
                 return "busy"
-            if _refused_data(exc) and len(segments) == 1:
-                return self._reject(lane, segments[0], exc)
             if _refused_data(exc):
+                if len(segments) == 1:
+                    return self._reject(lane, segments[0], exc)
                 logger.debug("the store refused %s (%s); flushing them one by one", what, exc)
                 for segment in segments:
                     outcome = self._flush_segments(lane, [segment])
