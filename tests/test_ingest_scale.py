@@ -265,7 +265,7 @@ def test_a_long_trajectory_of_one_repeated_call_is_one_chain_judged_without_its_
 def test_a_duckdb_error_inside_the_placement_is_reported_as_itself(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    failing = "CREATE OR REPLACE TEMP TABLE place_batches AS SELECT CAST(name AS INTEGER) AS batch FROM spans"
+    failing = "CREATE OR REPLACE TEMP TABLE place_batches AS SELECT CAST(name AS INTEGER) AS batch FROM incoming"
     monkeypatch.setattr(foreign, "_PLACE_BATCHES", failing)
     root = _span(0, "invoke_agent main", {"gen_ai.operation.name": "invoke_agent"}, 0, ())
     del root["parentSpanId"]

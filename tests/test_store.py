@@ -419,6 +419,37 @@ def test_a_large_file_is_staged_in_chunks_within_one_transaction(
     con.close()
 
 
+@pytest.mark.parametrize("kernel_copy", [True, False], ids=["copy_file_range", "read and write"])
+def test_pieces_are_runs_of_whole_lines_that_rebuild_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel_copy: bool
+) -> None:
+    import importlib
+    import random
+
+    ingest_module = importlib.import_module("treellm.store.ingest")
+    if not kernel_copy:  # a file system without copy_file_range: the copy falls back to reading
+        monkeypatch.setattr(os, "copy_file_range", lambda *args: (_ for _ in ()).throw(OSError(18, "EXDEV")))
+    rng = random.Random(5)
+    lines = [b"x" * rng.choice([0, 1, 5, 99, 100, 101, 350]) + b"\n" for _ in range(400)]
+    for tail in (b"", b"torn tail without a newline"):
+        data = b"".join(lines) + tail
+        source = tmp_path / f"source{len(tail)}.jsonl"
+        source.write_bytes(data)
+        folder = tmp_path / f"pieces{len(tail)}"
+        folder.mkdir()
+        pieces = [
+            (path.read_bytes(), size, copied) for path, size, copied in ingest_module._pieces([source], folder, 100)
+        ]
+        assert b"".join(piece for piece, _, _ in pieces) == data
+        assert all(copied and size == len(piece) for piece, size, copied in pieces)
+        for piece, _, _ in pieces[:-1]:  # each ends at the first newline from its size on
+            assert piece.endswith(b"\n") and b"\n" not in piece[99:-1]
+        assert pieces[-1][0].endswith(b"\n") == (not tail)
+    small = tmp_path / "small.jsonl"
+    small.write_bytes(b"{}\n" * 40)  # up to 1.5 pieces: read where it is
+    assert list(ingest_module._pieces([small], tmp_path, 100)) == [(small, 120, False)]
+
+
 def test_pieces_give_every_thread_work_and_bound_what_is_parsed_at_once() -> None:
     import importlib
 

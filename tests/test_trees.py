@@ -4,10 +4,13 @@ agent or graph, whatever the graph, however the spans arrive (``docs/architectur
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
+import pytest
+
 from treellm.derive.trees import Placement, SpanFacts, place_trace, place_traces
-from treellm.loop import CallKey
+from treellm.loop import CallKey, PathSignatures
 
 T = "t1"
 
@@ -160,3 +163,48 @@ def test_traces_are_placed_each_on_their_own() -> None:
     ]
     placed = place_traces([*one, *other])
     assert {p.run_id for p in placed} == {"t1:graph", "t2:graph"}
+
+
+def _counted_by_path_signatures(calls: Sequence[SpanFacts]) -> dict[str, tuple[int, tuple[str, ...]]]:
+    """(ordinal, earlier ids) of each call of one path in time order, as the runtime's own
+    PathSignatures counts them."""
+    path = PathSignatures.empty()
+    out = {}
+    for span in calls:
+        assert span.call_key is not None
+        out[span.span_id] = (path.count(span.call_key) + 1, tuple(str(i) for i in path.earlier(span.call_key)))
+        path = path.extend(
+            span.call_key, span.span_id, mutates=span.changes_state, reads=span.reads, writes=span.writes
+        )
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ordinals_and_earlier_calls_are_the_runtimes_count_with_and_without_state_changes(seed: int) -> None:
+    rng = random.Random(seed)
+    keys = [CallKey("read_file", f'{{"path": "{name}"}}', raw=True) for name in "abc"]
+    writer = CallKey("write_file", '{"path": "a"}', raw=True)
+    mutating = seed % 2 == 1  # every other path holds state changes: the counts restart at them
+    spans = [SpanFacts(T, "root", None, 0, 10_000, "agent")]
+    for i in range(60):
+        if i % 7 == 0:
+            spans.append(SpanFacts(T, f"llm{i}", "root", 10 * i + 1, 10 * i + 5, "llm"))
+            continue
+        if mutating and rng.random() < 0.15:
+            key, facts = writer, {"changes_state": True, "reads": frozenset(), "writes": frozenset({"a"})}
+        else:
+            key = rng.choice(keys)
+            facts = {"reads": frozenset({key.canonical[10]}), "writes": frozenset()}
+        spans.append(SpanFacts(T, f"call{i}", "root", 10 * i + 1, 10 * i + 5, "tool", key, **facts))
+    expected = _counted_by_path_signatures([s for s in spans if s.call_key is not None])
+    placed = {p.span_id: (p.ordinal, tuple(p.earlier)) for p in place_trace(spans) if p.ordinal is not None}
+    assert placed == expected
+    assert any(ordinal > 1 for ordinal, _ in placed.values())
+    if mutating:  # a restart happened: some call counts fewer than all its key's earlier calls
+        seen: dict[CallKey, int] = {}
+        restarted = False
+        for span in spans:
+            if span.call_key is not None:
+                restarted |= placed[span.span_id][0] <= seen.get(span.call_key, 0)
+                seen[span.call_key] = seen.get(span.call_key, 0) + 1
+        assert restarted

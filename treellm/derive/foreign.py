@@ -1,13 +1,16 @@
 """The placement of other frameworks' spans: conventions, runs, trees and ordinals, inside an ingest.
 
-Contract: both functions run inside the caller's transaction, never commit, and raise
-whatever DuckDB raises. :func:`read_foreign` runs before the insert, over the temporary view
-``fresh`` (the spans an ingest is about to insert), and leaves what
-:mod:`treellm.telemetry.conventions` says of them in ``foreign_answers``, which the insert joins
-in (:data:`FOREIGN_COLUMNS`): those columns are written once, with the row. :func:`finish_foreign`
-runs after the insert and writes what :mod:`treellm.derive.trees` derives for their traces. The
-rules are theirs; this module only moves data, so that the work done in Python is as small as
-the rules allow:
+Contract: every function runs inside the caller's transaction, never commits, and raises
+whatever DuckDB raises. Before the insert, :func:`read_foreign` reads the temporary view ``fresh``
+(the spans an ingest is about to insert) and leaves what :mod:`treellm.telemetry.conventions` says
+of them in ``foreign_answers`` (the insert's :data:`FOREIGN_COLUMNS`); then :func:`place_foreign`
+reads the view ``incoming`` (those rows as they will be stored) and the stored rows of their
+traces, updates the stored rows whose placement by :mod:`treellm.derive.trees` changed, and leaves
+the new rows' placement in ``foreign_placed`` (the insert's :data:`PLACED_COLUMNS`). So a new row
+is written once, placed: an UPDATE of every new row after its insert cost more than the placement
+itself, most of it in the commit (BENCHMARKS.md, "Batched ingest"). :func:`finish_foreign` drops
+the working tables after the insert. The rules are theirs; this module only moves data, so that
+the work done in Python is as small as the rules allow:
 
 - The conventions are read once per distinct key, never per span: DuckDB splits each span's
   inputs into the role's (the values of ``ROLE_KEYS``, a presence bit per ``MARKER_KEYS`` key
@@ -16,10 +19,11 @@ the rules allow:
   SQL; Python answers each distinct key (``role_of``, ``tool_name_of``, ``arguments_of``,
   ``result_of``: the rules of ``read_span``), and the signature and result hash per distinct
   value; the answers go back as tables joined in SQL.
-- The trees are placed a batch of whole traces (about :data:`_PLACE_SPANS` spans) at a time, and
-  their answer goes back in bounded updates; a call's earlier identical calls are views of one
-  list per key (:class:`treellm.derive.trees.EarlierIds`), never a tuple per call, and each call
-  stores its chain (``repeat_chain``) and at most :data:`EARLIER_KEPT` of them.
+- The rows the trees read are read once (``place_rows``) and placed a batch of whole traces
+  (about :data:`_PLACE_SPANS` spans) at a time, with Python's cycle collector paused; their
+  answer goes back in bounded frames; a call's earlier identical calls are views of one list per
+  key (:class:`treellm.derive.trees.EarlierIds`), never a tuple per call, and each call stores its
+  chain (``repeat_chain``) and at most :data:`EARLIER_KEPT` of them.
 - Whole traces are placed again whenever one of their spans arrives, so spans stored
   before their run's root (a batch exporter sends children first) move to that run.
 - A placement again never reads what the redaction rewrote: when a counted call is first
@@ -47,6 +51,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import gc
 import hashlib
 import json
 from collections.abc import Iterator, Sequence
@@ -66,7 +71,17 @@ from treellm.loop import CallKey, Paths
 from treellm.signature import RawArguments, canonical_json, hash_text, parse_arguments, signature
 from treellm.telemetry import conventions
 
-__all__ = ["DEFAULT_INTERNAL", "EARLIER_KEPT", "FOREIGN_COLUMNS", "finish_foreign", "internal_tools", "read_foreign"]
+__all__ = [
+    "DEFAULT_INTERNAL",
+    "EARLIER_KEPT",
+    "FOREIGN_COLUMNS",
+    "PLACED_COLUMNS",
+    "PLACED_JOINS",
+    "finish_foreign",
+    "internal_tools",
+    "place_foreign",
+    "read_foreign",
+]
 
 DEFAULT_INTERNAL = frozenset(conventions.DEFAULT_INTERNAL_TOOLS)
 _DEFAULT_RULE = repeats.ToolRule()
@@ -393,23 +408,84 @@ def _read_calls(con: duckdb.DuckDBPyConnection, internal: frozenset[str]) -> Non
 
 # ``new``: the span arrived in this transaction (every placed span has a run; the new spans of
 # other frameworks, those of ``foreign_in``, have none yet), so its stored values are the raw ones.
-_TRACE_SPANS = """
-SELECT trace_id, span_id, parent_span_id, start_ns, end_ns, operation, tool_name, arguments,
+# ``stored``: the row is in ``spans`` already (else it is a row of ``incoming``, about to be inserted).
+_PLACE_COLUMNS = """trace_id, span_id, parent_span_id, start_ns, end_ns, operation, tool_name, arguments,
        coalesce(internal, false) AS internal, agent_name,
        orphan_parent IS NOT NULL AND parent_span_id IS NULL AS flagged,
-       coalesce(status_code = 2 OR node_status = 'failed', false) AS failed,
-       call_digest, call_targets, run_id IS NULL AS new
-FROM spans WHERE trace_id IN (SELECT trace_id FROM place_batches WHERE batch = $batch)
+       coalesce(status_code = 2 OR node_status = 'failed', false) AS failed, {keys}, run_id IS NULL AS new"""
+_FOREIGN_TRACES = "trace_id IN (SELECT DISTINCT trace_id FROM foreign_in)"
+_PLACE_ROWS = f"""
+CREATE OR REPLACE TEMP TABLE place_rows AS
+SELECT {_PLACE_COLUMNS.format(keys="call_digest, call_targets")}, true AS stored FROM spans WHERE {_FOREIGN_TRACES}
+UNION ALL
+SELECT {_PLACE_COLUMNS.format(keys="NULL AS call_digest, NULL AS call_targets")}, false AS stored
+FROM incoming WHERE {_FOREIGN_TRACES}
 """
+"""The rows the placement reads, read once: every span of the traces of the new spans of other
+frameworks, stored or new (``incoming`` has no keys yet: only the placement writes them)."""
 _PLACE_SPANS = 50_000
 """Whole traces are placed in batches of about this many spans (a trace is never split), so
 Python holds one batch's rows and placements at a time, whatever the file."""
 _PLACE_BATCHES = f"""
 CREATE OR REPLACE TEMP TABLE place_batches AS
 SELECT trace_id, (sum(n) OVER (ORDER BY trace_id ROWS UNBOUNDED PRECEDING) - n) // {_PLACE_SPANS} AS batch
-FROM (SELECT trace_id, count(*) AS n FROM spans WHERE trace_id IN (SELECT DISTINCT trace_id FROM foreign_in)
-      GROUP BY trace_id)
+FROM (SELECT trace_id, count(*) AS n FROM place_rows GROUP BY trace_id)
 """
+_TRACE_SPANS = "SELECT * FROM place_rows WHERE trace_id IN (SELECT trace_id FROM place_batches WHERE batch = $batch)"
+_PLACED_TABLE = """
+CREATE OR REPLACE TEMP TABLE foreign_placed (
+    trace_id VARCHAR, span_id VARCHAR, run_id VARCHAR, node_kind VARCHAR, node_parent_id VARCHAR,
+    node_depth INTEGER, ordinal INTEGER, earlier_node_ids VARCHAR, repeat_chain VARCHAR, orphan BOOLEAN,
+    anchor_node_id VARCHAR, call_digest VARCHAR, call_targets VARCHAR, stored BOOLEAN
+);
+CREATE OR REPLACE TEMP TABLE foreign_rekeyed (
+    trace_id VARCHAR, span_id VARCHAR, arguments VARCHAR, tool_call_id VARCHAR, signature VARCHAR
+)
+"""
+"""The placement's answer for every span of the placed traces (``stored``: the row is in ``spans``),
+and the calls keyed from their parent (:func:`_keyed_from_parents`)."""
+
+_PLACED = ("run_id", "node_kind", "node_parent_id", "node_depth", "ordinal", "earlier_node_ids", "anchor_node_id",
+           "call_digest", "call_targets", "repeat_chain")  # fmt: skip
+_ORPHAN = (
+    "CASE WHEN p.orphan THEN coalesce({s}.orphan_parent, {s}.parent_span_id, '') "
+    "WHEN {s}.parent_span_id IS NULL THEN {s}.orphan_parent END"
+)
+_APPLIES = "p.span_id IS NOT NULL AND i.convention IS NOT NULL"
+_ONLY_PLACED = ("call_digest", "call_targets", "repeat_chain")
+"""Columns that only the placement writes: not in the new rows (``SPAN_COLUMNS``)."""
+PLACED_COLUMNS: Final[dict[str, str]] = {
+    **{
+        column: f"CASE WHEN {_APPLIES} THEN p.{column} END"
+        if column in _ONLY_PLACED
+        else f"CASE WHEN {_APPLIES} THEN p.{column} ELSE i.{column} END"
+        for column in _PLACED
+    },
+    "orphan_parent": f"CASE WHEN {_APPLIES} THEN {_ORPHAN.format(s='i')} ELSE i.orphan_parent END",
+    "arguments": "CASE WHEN k.span_id IS NULL THEN i.arguments ELSE k.arguments END",
+    "tool_call_id": "coalesce(i.tool_call_id, k.tool_call_id)",
+    "signature": "CASE WHEN k.span_id IS NULL THEN i.signature ELSE k.signature END",
+}
+"""The span columns that the placement decides (some are in no new row: an insert lists them beside
+``SPAN_COLUMNS``): SQL over the new row ``i`` (of ``incoming``), its
+placement ``p`` (``foreign_placed``) and its call keyed from its parent ``k`` (``foreign_rekeyed``),
+both joined on nothing but the span's keys (:data:`PLACED_JOINS`), for the insert of the new spans
+(:mod:`treellm.store.ingest`): a new row is written once, placed."""
+PLACED_JOINS: Final = (
+    "LEFT JOIN foreign_placed p ON p.trace_id = i.trace_id AND p.span_id = i.span_id AND NOT p.stored "
+    "LEFT JOIN foreign_rekeyed k ON k.trace_id = i.trace_id AND k.span_id = i.span_id"
+)
+_UPDATE_STORED = (
+    "UPDATE spans SET "
+    + ", ".join(f"{column} = p.{column}" for column in _PLACED)
+    + f", orphan_parent = {_ORPHAN.format(s='spans')} "
+    "FROM foreign_placed p WHERE p.stored AND spans.trace_id = p.trace_id AND spans.span_id = p.span_id "
+    "AND spans.convention IS NOT NULL AND ("
+    + " OR ".join(f"spans.{column} IS DISTINCT FROM p.{column}" for column in _PLACED)
+    + f" OR spans.orphan_parent IS DISTINCT FROM ({_ORPHAN.format(s='spans')}))"
+)
+"""The stored spans of the placed traces whose placement changed (a root that arrives after its
+children moves them to its run): only those rows are written again."""
 
 
 def _keyed_from_parents(con: duckdb.DuckDBPyConnection, spans: dict[str, list[Any]]) -> None:
@@ -440,7 +516,9 @@ def _keyed_from_parents(con: duckdb.DuckDBPyConnection, spans: dict[str, list[An
     with _registered(con, bare_calls=frame):
         found_parents = con.execute(
             "SELECT b.i, b.tool, map_keys(p.attributes), map_values(p.attributes) FROM bare_calls b "
-            "JOIN spans p ON p.trace_id = b.trace_id AND p.span_id = b.parent_id"
+            "JOIN (SELECT trace_id, span_id, attributes FROM spans "
+            "      UNION ALL SELECT trace_id, span_id, attributes FROM incoming) p "
+            "ON p.trace_id = b.trace_id AND p.span_id = b.parent_id"
         ).fetchall()
     found: dict[int, tuple[str, str | None, str]] = {}
     for i, tool, keys, values in found_parents:
@@ -458,12 +536,14 @@ def _keyed_from_parents(con: duckdb.DuckDBPyConnection, spans: dict[str, list[An
             "signature": [g for _, _, g in found.values()],
         }
     )
-    with _registered(con, keyed_calls=keyed):
+    with _registered(con, keyed_calls=keyed):  # a stored call is updated; a new one takes it with its insert
         con.execute(
             "UPDATE spans SET arguments = u.arguments, tool_call_id = coalesce(spans.tool_call_id, u.tool_call_id), "
             "signature = u.signature FROM keyed_calls u "
             "WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id"
         )
+        con.execute("INSERT INTO foreign_rekeyed SELECT trace_id, span_id, arguments, tool_call_id, signature "
+                    "FROM keyed_calls")  # fmt: skip
     for i, (text, _, _) in found.items():
         arguments[i] = text
         digests[i] = None
@@ -530,8 +610,8 @@ def _span_facts(spans: dict[str, list[Any]]) -> tuple[list[SpanFacts], dict[tupl
     return out, stored
 
 
-_UPDATE_ROWS = 100_000
-"""The placement's answer goes back in updates of at most this many rows: Python never holds more
+_RECORD_ROWS = 100_000
+"""The placement's answer goes back in frames of at most this many rows: Python never holds more
 of it at once."""
 EARLIER_KEPT: Final = 64
 """A counted call of another framework stores its most recent earlier identical calls, at most
@@ -540,10 +620,10 @@ against its chain (``repeat_chain``), so what a loop stores grows with its calls
 their square."""
 
 
-def _update_runs(
+def _record_placed(
     con: duckdb.DuckDBPyConnection, placed: Sequence[Placement], keys: Sequence[_StoredKey | None]
 ) -> None:
-    """Write one batch of the placement's answer (see :func:`_place`)."""
+    """Keep one batch of the placement's answer in ``foreign_placed`` (see :func:`_place`)."""
     frame = _frame(
         {
             "trace_id": [p.trace_id for p in placed],
@@ -563,37 +643,49 @@ def _update_runs(
     )
     with _registered(con, run_updates=frame):
         con.execute(
-            "UPDATE spans SET run_id = u.run_id, node_kind = u.node_kind, node_parent_id = u.node_parent_id, "
-            "node_depth = u.node_depth, ordinal = u.ordinal, earlier_node_ids = u.earlier_node_ids, "
-            "anchor_node_id = u.anchor_node_id, call_digest = u.call_digest, call_targets = u.call_targets, "
-            "repeat_chain = u.repeat_chain, "
-            "orphan_parent = CASE WHEN u.orphan THEN coalesce(spans.orphan_parent, spans.parent_span_id, '') "
-            "                     WHEN spans.parent_span_id IS NULL THEN spans.orphan_parent END "
-            "FROM run_updates u WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id "
-            "AND spans.convention IS NOT NULL"
+            "INSERT INTO foreign_placed BY NAME SELECT u.*, r.stored FROM run_updates u "
+            "JOIN place_rows r ON r.trace_id = u.trace_id AND r.span_id = u.span_id"
         )
 
 
 def _place(con: duckdb.DuckDBPyConnection) -> None:
     """Runs, trees and ordinals of the traces of ``foreign_in``, a batch of whole traces at a time."""
+    con.execute(_PLACE_ROWS)
     con.execute(_PLACE_BATCHES)
     batches = [batch for (batch,) in con.execute("SELECT DISTINCT batch FROM place_batches ORDER BY 1").fetchall()]
     for batch in batches:
         _place_batch(con, int(batch))
-    con.execute("DROP TABLE place_batches")
+    con.execute("DROP TABLE place_batches; DROP TABLE place_rows")
+    con.execute(_UPDATE_STORED)
 
 
 def _place_batch(con: duckdb.DuckDBPyConnection, batch: int) -> None:
-    fetched = con.execute(_TRACE_SPANS, {"batch": batch}).fetchnumpy()
-    spans = {name: fetched.pop(name).tolist() for name in list(fetched)}
-    _keyed_from_parents(con, spans)
-    facts, stored = _span_facts(spans)
-    del spans
-    placed = place_traces(facts)  # the spans of other frameworks among them are updated (the WHERE below)
-    del facts
-    for start in range(0, len(placed), _UPDATE_ROWS):
-        part = placed[start : start + _UPDATE_ROWS]
-        _update_runs(con, part, [stored.get((p.trace_id, p.span_id)) for p in part])
+    with _no_cycle_collection():
+        fetched = con.execute(_TRACE_SPANS, {"batch": batch}).fetchnumpy()
+        spans = {name: fetched.pop(name).tolist() for name in list(fetched)}
+        _keyed_from_parents(con, spans)
+        facts, keyed = _span_facts(spans)
+        del spans
+        placed = place_traces(facts)  # only the spans of other frameworks take it (PLACED_COLUMNS, _UPDATE_STORED)
+        del facts
+        for start in range(0, len(placed), _RECORD_ROWS):
+            part = placed[start : start + _RECORD_ROWS]
+            _record_placed(con, part, [keyed.get((p.trace_id, p.span_id)) for p in part])
+
+
+@contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """Python's cycle collector paused for the block: a batch makes hundreds of thousands of
+    acyclic objects (rows, facts, placements), and the collections they set off cost a third of
+    the placement (BENCHMARKS.md, "Batched ingest"). What the block leaves cyclic is collected
+    after it."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()
 
 
 def read_foreign(con: duckdb.DuckDBPyConnection, internal: frozenset[str] | None = None) -> None:
@@ -612,15 +704,23 @@ _NO_ANSWERS = (
 )
 
 
-def finish_foreign(con: duckdb.DuckDBPyConnection) -> None:
-    """After the insert of the spans :func:`read_foreign` read: runs, trees and ordinals of their
-    traces (see the module docstring)."""
+def place_foreign(con: duckdb.DuckDBPyConnection) -> None:
+    """Before the insert, after :func:`read_foreign`: runs, trees and ordinals of the traces of the
+    new spans of other frameworks, over their stored rows and the temporary view ``incoming`` (the
+    new rows as they will be stored, with :data:`FOREIGN_COLUMNS`). The stored rows whose placement
+    changed are updated; the new rows' placement is left in ``foreign_placed`` and
+    ``foreign_rekeyed``, which the insert joins in (:data:`PLACED_COLUMNS`, :data:`PLACED_JOINS`)."""
+    con.execute(_PLACED_TABLE)
     if _count_rows(con, "SELECT count(*) FROM foreign_answers"):
         _place(con)
+
+
+def finish_foreign(con: duckdb.DuckDBPyConnection) -> None:
+    """After the insert: drop the tables of :func:`read_foreign` and :func:`place_foreign`."""
     # Not in a ``finally``: after a DuckDB error the transaction is aborted, a statement here would
     # hide that error behind "Current transaction is aborted", and the rollback drops the tables.
-    con.execute("DROP TABLE IF EXISTS foreign_in")
-    con.execute("DROP TABLE IF EXISTS foreign_answers")
+    for table in ("foreign_in", "foreign_answers", "foreign_placed", "foreign_rekeyed"):
+        con.execute(f"DROP TABLE IF EXISTS {table}")
 
 
 def _count_rows(con: duckdb.DuckDBPyConnection, sql: str) -> int:

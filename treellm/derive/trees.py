@@ -208,7 +208,9 @@ def _place_path(members: Sequence[SpanFacts], base_parent: str | None) -> dict[s
     placed: dict[str, _Node] = {}
     think: str | None = None
     depth = 0
-    path = PathSignatures.empty()
+    # No call on the path changes state: no count restarts, a call's count is the number of the
+    # earlier calls of its key (what PathSignatures would say, without its persistent map).
+    path = PathSignatures.empty() if any(span.changes_state for span in members) else None
     calls: dict[CallKey, list[str]] = {}  # each key's span ids on the path, in order (what ``path`` holds)
     for span in sorted(members, key=_order):
         parent = think if think is not None else base_parent
@@ -221,13 +223,14 @@ def _place_path(members: Sequence[SpanFacts], base_parent: str | None) -> dict[s
         before: Sequence[str] = ()
         if span.call_key is not None:
             # path.earlier(key) is the last path.count(key) of the key's ids: a view, never a copy
-            count = path.count(span.call_key)
             ids = calls.setdefault(span.call_key, [])
+            count = len(ids) if path is None else path.count(span.call_key)
             before = EarlierIds(ids, len(ids) - count, len(ids)) if count else ()
             ordinal = count + 1
-            path = path.extend(
-                span.call_key, span.span_id, mutates=span.changes_state, reads=span.reads, writes=span.writes
-            )
+            if path is not None:
+                path = path.extend(
+                    span.call_key, span.span_id, mutates=span.changes_state, reads=span.reads, writes=span.writes
+                )
             ids.append(span.span_id)
         placed[span.span_id] = ("tool", parent, depth if think is not None else 0, ordinal, before)
     return placed

@@ -67,9 +67,12 @@ import pandas as pd
 from treellm import settings
 from treellm.derive.foreign import (
     FOREIGN_COLUMNS,
+    PLACED_COLUMNS,
+    PLACED_JOINS,
     internal_tools,  # noqa: F401  (read here by callers of ingest)
 )
 from treellm.derive.foreign import finish_foreign as _finish_foreign
+from treellm.derive.foreign import place_foreign as _place_foreign
 from treellm.derive.foreign import read_foreign as _read_foreign
 from treellm.derive.formats import InputFormat, detect_format, iter_records
 from treellm.derive.transform import (
@@ -396,13 +399,21 @@ def _insert_staged(con: duckdb.DuckDBPyConnection) -> tuple[int, int]:
     con.execute(f"CREATE OR REPLACE TEMP VIEW fresh AS {fresh}")
     staged = _count(con, "SELECT count(*) FROM stage")
     new = _count(con, "SELECT count(*) FROM fresh")
-    _read_foreign(con)  # what the conventions say of the new spans of other frameworks: written with them
-    columns = ", ".join(SPAN_COLUMNS)
-    values = ", ".join(f"{FOREIGN_COLUMNS.get(column, f'f.{column}')} AS {column}" for column in SPAN_COLUMNS)
+    # What the conventions say of the new spans of other frameworks, then their runs and trees:
+    # both written with the rows (an UPDATE of every new row cost more than the placement's own
+    # work, most of it in the commit).
+    _read_foreign(con)
+    answered = ", ".join(f"{FOREIGN_COLUMNS.get(column, f'f.{column}')} AS {column}" for column in SPAN_COLUMNS)
     con.execute(
-        f"INSERT INTO spans ({columns}) SELECT {values} FROM fresh f "
+        f"CREATE OR REPLACE TEMP VIEW incoming AS SELECT {answered} FROM fresh f "
         "LEFT JOIN foreign_answers u ON u.trace_id = f.trace_id AND u.span_id = f.span_id"
     )
+    _place_foreign(con)
+    inserted = (*SPAN_COLUMNS, *(column for column in PLACED_COLUMNS if column not in SPAN_COLUMNS))
+    placed = ", ".join(f"{PLACED_COLUMNS.get(column, f'i.{column}')} AS {column}" for column in inserted)
+    con.execute(f"INSERT INTO spans ({', '.join(inserted)}) SELECT {placed} FROM incoming i {PLACED_JOINS}")
+    _finish_foreign(con)
+    con.execute("DROP VIEW incoming")
     con.execute(
         """
         INSERT INTO span_events
@@ -479,8 +490,9 @@ def _piece_bytes(size: int, threads: int) -> int:
 def _pieces(sources: Sequence[Path], folder: Path, piece_bytes: int) -> Iterator[tuple[Path, int, bool]]:
     """(file, bytes, whether it is a copy) of consecutive runs of whole lines of about
     ``piece_bytes``: a file up to :data:`WHOLE_FILE_SLACK` pieces is its own piece (a journal
-    segment, closed just past its size, is read where it is), a larger one is copied a block
-    at a time."""
+    segment, closed just past its size, is read where it is), a larger one is copied a piece at
+    a time, each ending at the first newline from its size on (the file mapped: no byte of it
+    passes through Python)."""
     index = 0
     for source in sources:
         size = source.stat().st_size
@@ -488,14 +500,37 @@ def _pieces(sources: Sequence[Path], folder: Path, piece_bytes: int) -> Iterator
             if size:
                 yield source, size, False
             continue
-        with source.open("rb") as handle:
-            while block := handle.read(piece_bytes):
-                if not block.endswith(b"\n"):
-                    block += handle.readline()
+        with source.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            start = 0
+            while start < size:
+                end = mapped.find(b"\n", min(start + piece_bytes, size) - 1) + 1 or size
                 part = folder / f"piece-{index}.jsonl"
-                part.write_bytes(block)
+                _copy_range(handle, part, start, end - start)
                 index += 1
-                yield part, len(block), True
+                yield part, end - start, True
+                start = end
+
+
+def _copy_range(handle: Any, target: Path, offset: int, length: int) -> None:
+    """Copy ``length`` bytes of the open file ``handle`` from ``offset`` into ``target``: in the
+    kernel where it can (``copy_file_range``), else read and written a MiB at a time."""
+    with target.open("wb") as out:
+        done = 0
+        if hasattr(os, "copy_file_range"):
+            try:
+                while done < length:
+                    copied = os.copy_file_range(handle.fileno(), out.fileno(), length - done, offset + done)
+                    if not copied:
+                        break
+                    done += copied
+            except OSError:  # a file system or kernel without it: copy what is left by hand
+                pass
+        while done < length:
+            block = os.pread(handle.fileno(), min(length - done, 1 << 20), offset + done)
+            if not block:
+                raise OSError(f"{handle.name}: the file ended at byte {offset + done} while it was read")
+            out.write(block)
+            done += len(block)
 
 
 def _chunks(sources: Sequence[Path], folder: Path, piece_bytes: int) -> Iterator[tuple[list[Path], int]]:
@@ -540,7 +575,7 @@ def _redact_foreign(con: duckdb.DuckDBPyConnection, capture: ForeignCapture) -> 
     """Rewrite what is stored of the new spans of other frameworks as ``capture`` says: their
     attributes (resource, event and link ones too), names and status messages, and the derived
     argument and result texts of their calls (and of the stored calls of their traces, which the
-    placement may have just rewritten). Runs after :func:`_finish_foreign`, inside the caller's
+    placement may have just rewritten). Runs after the insert of the placed rows, inside the caller's
     transaction: what was derived from the raw values stays. A key's rule is decided once per
     distinct key; a value crosses into Python once, and only when it may change (DuckDB runs the
     prefilter); only the rows that change are written back."""
@@ -697,7 +732,6 @@ def _load_stage(con: duckdb.DuckDBPyConnection) -> tuple[int, int, int]:
         new, duplicates = _insert_staged(con)
     except (duckdb.InvalidInputException, duckdb.ConversionException) as exc:
         raise _Refused(str(exc).split("\n", 1)[0]) from exc
-    _finish_foreign(con)
     runs = _count(
         con, f"SELECT count(*) FROM spans s SEMI JOIN fresh f USING (trace_id, span_id) WHERE {_RUN_ROOT.format(s='s')}"
     )
