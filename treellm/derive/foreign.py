@@ -660,17 +660,17 @@ def _place(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _place_batch(con: duckdb.DuckDBPyConnection, batch: int) -> None:
-    with _no_cycle_collection():
-        fetched = con.execute(_TRACE_SPANS, {"batch": batch}).fetchnumpy()
-        spans = {name: fetched.pop(name).tolist() for name in list(fetched)}
-        _keyed_from_parents(con, spans)
+    fetched = con.execute(_TRACE_SPANS, {"batch": batch}).fetchnumpy()
+    spans = {name: fetched.pop(name).tolist() for name in list(fetched)}
+    _keyed_from_parents(con, spans)
+    with _no_cycle_collection():  # pure Python over acyclic objects: nothing for it to find
         facts, keyed = _span_facts(spans)
         del spans
         placed = place_traces(facts)  # only the spans of other frameworks take it (PLACED_COLUMNS, _UPDATE_STORED)
         del facts
-        for start in range(0, len(placed), _RECORD_ROWS):
-            part = placed[start : start + _RECORD_ROWS]
-            _record_placed(con, part, [keyed.get((p.trace_id, p.span_id)) for p in part])
+    for start in range(0, len(placed), _RECORD_ROWS):
+        part = placed[start : start + _RECORD_ROWS]
+        _record_placed(con, part, [keyed.get((p.trace_id, p.span_id)) for p in part])
 
 
 @contextmanager
