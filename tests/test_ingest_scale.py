@@ -21,7 +21,7 @@ from treellm.derive import foreign
 from treellm.derive.trees import EarlierIds
 from treellm.engine import repeats
 from treellm.engine.tools import result_hash
-from treellm.errors import StoreError
+from treellm.errors import IngestError, StoreError
 from treellm.store import ingest, open_store
 from treellm.store.ingest import LINE_SPANS, split_traces_data
 from treellm.telemetry import conventions
@@ -273,3 +273,4 @@ def test_a_duckdb_error_inside_the_placement_is_reported_as_itself(
         ingest(tmp_path / "store.duckdb", [_write(tmp_path / "spans.jsonl", [root])])
     assert "Conversion Error" in str(caught.value)
     assert "transaction is aborted" not in str(caught.value)
+    assert not isinstance(caught.value, IngestError)  # no bad line: the file is not sent to the validator

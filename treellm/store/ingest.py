@@ -402,18 +402,36 @@ def _insert_staged(con: duckdb.DuckDBPyConnection) -> tuple[int, int]:
     # What the conventions say of the new spans of other frameworks, then their runs and trees:
     # both written with the rows (an UPDATE of every new row cost more than the placement's own
     # work, most of it in the commit).
-    _read_foreign(con)
+    with _refused_by_the_data():  # they read event attributes, built into MAPs here
+        _read_foreign(con)
     answered = ", ".join(f"{FOREIGN_COLUMNS.get(column, f'f.{column}')} AS {column}" for column in SPAN_COLUMNS)
     con.execute(
         f"CREATE OR REPLACE TEMP VIEW incoming AS SELECT {answered} FROM fresh f "
         "LEFT JOIN foreign_answers u ON u.trace_id = f.trace_id AND u.span_id = f.span_id"
     )
-    _place_foreign(con)
+    _place_foreign(con)  # builds nothing from the raw data: an error here is no bad line, it is itself
     inserted = (*SPAN_COLUMNS, *(column for column in PLACED_COLUMNS if column not in SPAN_COLUMNS))
     placed = ", ".join(f"{PLACED_COLUMNS.get(column, f'i.{column}')} AS {column}" for column in inserted)
-    con.execute(f"INSERT INTO spans ({', '.join(inserted)}) SELECT {placed} FROM incoming i {PLACED_JOINS}")
+    with _refused_by_the_data():
+        con.execute(f"INSERT INTO spans ({', '.join(inserted)}) SELECT {placed} FROM incoming i {PLACED_JOINS}")
     _finish_foreign(con)
     con.execute("DROP VIEW incoming")
+    with _refused_by_the_data():
+        _insert_events_and_links(con)
+    return new, staged - new
+
+
+@contextmanager
+def _refused_by_the_data() -> Iterator[None]:
+    """DuckDB's refusal of the staged data (attributes it cannot hold as a MAP: duplicate keys of an
+    event or a link) as :class:`_Refused`: the one validator then decides per line."""
+    try:
+        yield
+    except (duckdb.InvalidInputException, duckdb.ConversionException) as exc:
+        raise _Refused(str(exc).split("\n", 1)[0]) from exc
+
+
+def _insert_events_and_links(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(
         """
         INSERT INTO span_events
@@ -434,7 +452,6 @@ def _insert_staged(con: duckdb.DuckDBPyConnection) -> tuple[int, int]:
               FROM fresh WHERE len(links) > 0)
         """
     )
-    return new, staged - new
 
 
 def _count(con: duckdb.DuckDBPyConnection, sql: str) -> int:
@@ -728,10 +745,7 @@ def _load_stage(con: duckdb.DuckDBPyConnection) -> tuple[int, int, int]:
         raise _Refused(f"span {flagged[1]!r} of trace {flagged[0]!r} breaks a rule of treellm.otlp")
     if _count(con, _WITHOUT_RUN_ID):
         con.execute(_FALL_BACK)
-    try:  # an event's or link's attributes DuckDB cannot hold as a MAP: the validator decides per line
-        new, duplicates = _insert_staged(con)
-    except (duckdb.InvalidInputException, duckdb.ConversionException) as exc:
-        raise _Refused(str(exc).split("\n", 1)[0]) from exc
+    new, duplicates = _insert_staged(con)
     runs = _count(
         con, f"SELECT count(*) FROM spans s SEMI JOIN fresh f USING (trace_id, span_id) WHERE {_RUN_ROOT.format(s='s')}"
     )
