@@ -817,3 +817,40 @@ def test_calls_stored_without_a_key_are_keyed_on_their_stored_arguments(
     """A store from before migration 0007: its calls are keyed as before, and keep their keys."""
     older = ingest_in_two(tmp_path, "older", "UPDATE spans SET call_digest = NULL, call_targets = NULL")
     assert stored_calls(older) == placed_at_once
+
+
+def test_a_frame_handed_to_duckdb_inside_a_transaction_is_not_kept_until_the_commit() -> None:
+    """DuckDB keeps a frame registered inside a transaction alive until the transaction ends, even
+    once unregistered; an ingest (one transaction per file) hands it a frame per batch, so those
+    piled up over a large file. The ingest's way keeps none."""
+    import gc
+    import weakref
+
+    import duckdb
+    import pandas as pd
+
+    from treellm.derive.foreign import frames_as_tables, scan_frame
+
+    con = duckdb.connect()
+    con.execute("CREATE TEMP TABLE sink (a VARCHAR)")
+    con.execute("BEGIN TRANSACTION")
+
+    def handed(way: str) -> weakref.ref[pd.DataFrame]:
+        frame = pd.DataFrame({"a": pd.array(["x", "y"], dtype="string[python]")})
+        if way == "register":  # the way DuckDB keeps it: the control of this test
+            con.register("frame_view", frame)
+            con.execute("INSERT INTO sink SELECT a FROM frame_view")
+            con.unregister("frame_view")
+        elif way == "tables":
+            with frames_as_tables(con, handed_frame=frame):
+                con.execute("INSERT INTO sink SELECT a FROM handed_frame")
+        else:
+            scan_frame(con, "INSERT INTO sink SELECT a FROM frame", frame)
+        return weakref.ref(frame)
+
+    kept = {way: handed(way) for way in ("register", "tables", "scan")}
+    gc.collect()
+    assert kept["register"]() is not None
+    assert kept["tables"]() is None and kept["scan"]() is None
+    assert con.execute("SELECT count(*) FROM sink").fetchone() == (6,)
+    con.execute("COMMIT")

@@ -78,6 +78,7 @@ __all__ = [
     "PLACED_COLUMNS",
     "PLACED_JOINS",
     "finish_foreign",
+    "frames_as_tables",
     "internal_tools",
     "place_foreign",
     "read_foreign",
@@ -240,15 +241,26 @@ _INTEGER = frozenset({"node_depth", "ordinal"})
 
 
 @contextmanager
-def _registered(con: duckdb.DuckDBPyConnection, **frames: pd.DataFrame) -> Iterator[None]:
-    """The frames registered under their names for the block. Not unregistered when the block
-    raises: after a DuckDB error the transaction is aborted, and unregistering would hide that
-    error behind "Current transaction is aborted" (a later registration replaces the name)."""
+def frames_as_tables(con: duckdb.DuckDBPyConnection, **frames: pd.DataFrame) -> Iterator[None]:
+    """Each frame as a temporary table of its name for the block, copied in (DuckDB scans the
+    local ``frame``: its replacement scan), so the frame can go as soon as the caller drops it.
+    A frame registered with ``register`` inside a transaction stays alive until the transaction
+    ends, even once unregistered (DuckDB keeps the dropped view for a rollback): an ingest of a
+    1 GB file held hundreds of MB of such frames (BENCHMARKS.md, "Ingest memory"). The tables
+    are not dropped when the block raises: after a DuckDB error the transaction is aborted, and a
+    DROP would hide that error behind "Current transaction is aborted" (the rollback drops them)."""
     for name, frame in frames.items():
-        con.register(name, frame)
+        scan_frame(con, f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT * FROM frame", frame)
     yield
     for name in frames:
-        con.unregister(name)
+        con.execute(f"DROP TABLE IF EXISTS {name}")
+
+
+def scan_frame(con: duckdb.DuckDBPyConnection, sql: str, frame: pd.DataFrame) -> None:
+    """Run ``sql``, which reads ``frame`` under that name: DuckDB's replacement scan finds the
+    local variable of the function that runs the statement. Nothing is registered, so nothing
+    keeps the frame once the statement is done (see :func:`frames_as_tables`)."""
+    con.execute(sql)  # ``frame``, a parameter: a local of this function's frame
 
 
 def _frame(columns: dict[str, Any]) -> pd.DataFrame:
@@ -345,7 +357,7 @@ def _read_foreign(con: duckdb.DuckDBPyConnection, internal: frozenset[str]) -> b
         return False
     answers = [conventions.role_of(*_role_stub(key)) for key in role_keys]
     roles = _frame({"role_key": role_keys, "role": [r for r, _ in answers], "family": [f for _, f in answers]})
-    with _registered(con, foreign_roles=roles):
+    with frames_as_tables(con, foreign_roles=roles):
         _read_calls(con, internal)
     return True
 
@@ -386,7 +398,7 @@ def _read_calls(con: duckdb.DuckDBPyConnection, internal: frozenset[str]) -> Non
             "result_hash": [None if r is None else facts[r][1] for r, _ in unwrapped],
         }
     )
-    with _registered(con, foreign_tools=tools, foreign_args=args, foreign_results=results):
+    with frames_as_tables(con, foreign_tools=tools, foreign_args=args, foreign_results=results):
         pairs = con.execute(
             f"SELECT DISTINCT t.tool_name, a.arguments "
             f"FROM (SELECT DISTINCT i.tool_key, i.args_key {_TOOL_ROWS}) i "
@@ -400,7 +412,7 @@ def _read_calls(con: duckdb.DuckDBPyConnection, internal: frozenset[str]) -> Non
                 "signature": [_signature(t, a) for t, a in pairs],
             }
         )
-        with _registered(con, foreign_signatures=signatures):
+        with frames_as_tables(con, foreign_signatures=signatures):
             con.execute(_FOREIGN_ANSWERS)
 
 
@@ -513,7 +525,7 @@ def _keyed_from_parents(con: duckdb.DuckDBPyConnection, spans: dict[str, list[An
             "tool": [spans["tool_name"][i] for i in bare],
         }
     )
-    with _registered(con, bare_calls=frame):
+    with frames_as_tables(con, bare_calls=frame):
         found_parents = con.execute(
             "SELECT b.i, b.tool, map_keys(p.attributes), map_values(p.attributes) FROM bare_calls b "
             "JOIN (SELECT trace_id, span_id, attributes FROM spans "
@@ -536,7 +548,7 @@ def _keyed_from_parents(con: duckdb.DuckDBPyConnection, spans: dict[str, list[An
             "signature": [g for _, _, g in found.values()],
         }
     )
-    with _registered(con, keyed_calls=keyed):  # a stored call is updated; a new one takes it with its insert
+    with frames_as_tables(con, keyed_calls=keyed):  # a stored call is updated; a new one takes it with its insert
         con.execute(
             "UPDATE spans SET arguments = u.arguments, tool_call_id = coalesce(spans.tool_call_id, u.tool_call_id), "
             "signature = u.signature FROM keyed_calls u "
@@ -641,11 +653,12 @@ def _record_placed(
             "call_targets": [None if k is None else k[1] for k in keys],
         }
     )
-    with _registered(con, run_updates=frame):
-        con.execute(
-            "INSERT INTO foreign_placed BY NAME SELECT u.*, r.stored FROM run_updates u "
-            "JOIN place_rows r ON r.trace_id = u.trace_id AND r.span_id = u.span_id"
-        )
+    scan_frame(
+        con,
+        "INSERT INTO foreign_placed BY NAME SELECT u.*, r.stored FROM frame u "
+        "JOIN place_rows r ON r.trace_id = u.trace_id AND r.span_id = u.span_id",
+        frame,
+    )
 
 
 def _place(con: duckdb.DuckDBPyConnection) -> None:

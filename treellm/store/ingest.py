@@ -69,6 +69,7 @@ from treellm.derive.foreign import (
     FOREIGN_COLUMNS,
     PLACED_COLUMNS,
     PLACED_JOINS,
+    frames_as_tables,
     internal_tools,  # noqa: F401  (read here by callers of ingest)
 )
 from treellm.derive.foreign import finish_foreign as _finish_foreign
@@ -609,7 +610,7 @@ def _redact_foreign(con: duckdb.DuckDBPyConnection, capture: ForeignCapture) -> 
              if (new := _redacted_text(capture, column, value)) != value]  # fmt: skip
     keys = pd.DataFrame([kv for kv in rules.items() if kv[1] != "redact"], columns=["k", "rule"], dtype="string")
     values: dict[tuple[str, str], str] = {}
-    with _registered(con, redact_keys=keys):
+    with frames_as_tables(con, redact_keys=keys):
         for place, rule, value in con.execute(REDACT_VALUES_SQL).fetchall():
             if (new := capture.value(value, rule)) != value:
                 values[(rule, value)] = new
@@ -620,7 +621,7 @@ def _redact_foreign(con: duckdb.DuckDBPyConnection, capture: ForeignCapture) -> 
         "redact_texts": pd.DataFrame(texts, columns=["col", "v", "r"], dtype="string"),
         "redact_values": pd.DataFrame(replaced, columns=["rule", "v", "r"], dtype="string"),
     }
-    with _registered(con, **frames):
+    with frames_as_tables(con, **frames):
         for column in dict.fromkeys(column for column, _, _ in texts):
             con.execute(redact_text_sql(column))
         for place in REDACT_PLACES:
@@ -633,17 +634,6 @@ def _redacted_text(capture: ForeignCapture, column: str, value: str) -> str:
     if column == "status_message":
         return capture.status(value)
     return capture.text(value) if column == "name" else capture.content(value)
-
-
-@contextmanager
-def _registered(con: duckdb.DuckDBPyConnection, **frames: pd.DataFrame) -> Iterator[None]:
-    for name, frame in frames.items():
-        con.register(name, frame)
-    try:
-        yield
-    finally:
-        for name in frames:
-            con.unregister(name)
 
 
 _RUN_ROOT = (
