@@ -829,7 +829,7 @@ def test_a_frame_handed_to_duckdb_inside_a_transaction_is_not_kept_until_the_com
     import duckdb
     import pandas as pd
 
-    from treellm.derive.foreign import frames_as_tables, scan_frame
+    from treellm.derive.foreign import frames_as_tables
 
     con = duckdb.connect()
     con.execute("CREATE TEMP TABLE sink (a VARCHAR)")
@@ -841,16 +841,14 @@ def test_a_frame_handed_to_duckdb_inside_a_transaction_is_not_kept_until_the_com
             con.register("frame_view", frame)
             con.execute("INSERT INTO sink SELECT a FROM frame_view")
             con.unregister("frame_view")
-        elif way == "tables":
+        else:
             with frames_as_tables(con, handed_frame=frame):
                 con.execute("INSERT INTO sink SELECT a FROM handed_frame")
-        else:
-            scan_frame(con, "INSERT INTO sink SELECT a FROM frame", frame)
         return weakref.ref(frame)
 
-    kept = {way: handed(way) for way in ("register", "tables", "scan")}
+    kept = {way: handed(way) for way in ("register", "tables")}
     gc.collect()
     assert kept["register"]() is not None
-    assert kept["tables"]() is None and kept["scan"]() is None
-    assert con.execute("SELECT count(*) FROM sink").fetchone() == (6,)
+    assert kept["tables"]() is None
+    assert con.execute("SELECT count(*) FROM sink").fetchone() == (4,)
     con.execute("COMMIT")

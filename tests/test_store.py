@@ -450,6 +450,51 @@ def test_pieces_are_runs_of_whole_lines_that_rebuild_the_file(
     assert list(ingest_module._pieces([small], tmp_path, 100)) == [(small, 120, False)]
 
 
+def test_the_ingest_memory_limit_bounds_the_process_and_duckdb_gets_what_is_left() -> None:
+    import importlib
+
+    ingest_module = importlib.import_module("treellm.store.ingest")
+    size, share, mib = ingest_module.size_bytes, ingest_module.duckdb_share, 2**20
+    assert [size(t) for t in ("1GB", "1GiB", "512MB", "1.5GB", "64 MiB", "100", "2kb")] == [
+        10**9, 2**30, 512 * 10**6, 15 * 10**8, 64 * mib, 100, 2000,
+    ]  # fmt: skip
+    reserve = ingest_module.PYTHON_RESERVE_BYTES
+    assert share(10**9, 165 * mib) == 10**9 - 165 * mib - reserve
+    assert share(300 * mib, 165 * mib) == ingest_module.MIN_DUCKDB_BYTES  # a budget too small: exceeded, not failed
+
+
+def test_a_bounded_ingest_gives_duckdb_its_share_and_others_give_it_the_limit(
+    tmp_path: Path, demo_jsonl: tuple[Path, RunResult], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+
+    ingest_module = importlib.import_module("treellm.store.ingest")
+    limits: list[str] = []
+    opened = ingest_module.open_store
+
+    class Recording:
+        def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+            self.con = con
+
+        def execute(self, sql: str, *args: Any) -> duckdb.DuckDBPyConnection:
+            if sql.startswith("SET memory_limit"):
+                limits.append(sql.split("'")[1])
+            return self.con.execute(sql, *args)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.con, name)
+
+    monkeypatch.setattr(ingest_module, "open_store", lambda *a, **k: Recording(opened(*a, **k)))
+    monkeypatch.setattr(ingest_module, "_resident_bytes", lambda: 200 * 2**20)
+    monkeypatch.setattr(ingest_module, "MEMORY_LIMIT", "1GB")
+    path, _ = demo_jsonl
+    ingest(tmp_path / "bounded.duckdb", [path], bound_process=True)  # what `treellm ingest` does
+    ingest_file(tmp_path / "api.duckdb", path)  # an exporter's or a notebook's process holds much else
+    ingest_module.ingest_segments(tmp_path / "segments.duckdb", [path])  # the collector's flusher
+    share = (10**9 - 200 * 2**20 - ingest_module.PYTHON_RESERVE_BYTES) // 2**20
+    assert limits == [f"{share}MiB", "1GB", "1GB"]
+
+
 def test_pieces_give_every_thread_work_and_bound_what_is_parsed_at_once() -> None:
     import importlib
 

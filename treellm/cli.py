@@ -340,7 +340,9 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
     def run(progress: Any = None) -> IngestReport:
         if not args.clickhouse:
-            return ingest(db, args.paths, args.input_format, skip_bad=args.skip_bad, progress=progress)
+            return ingest(
+                db, args.paths, args.input_format, skip_bad=args.skip_bad, progress=progress, bound_process=True
+            )
         from treellm.store.clickhouse import open_clickhouse
         from treellm.store.clickhouse_ingest import ingest_clickhouse
 

@@ -216,7 +216,13 @@ TREELLM_CAPTURE_MAX_LENGTH: Setting[int, None] = _declare(
     )
 )
 TREELLM_INGEST_MEMORY_LIMIT: Setting[str, str] = _declare(
-    Setting("TREELLM_INGEST_MEMORY_LIMIT", "size", "DuckDB's memory limit while ingesting", default="1GB")
+    Setting(
+        "TREELLM_INGEST_MEMORY_LIMIT",
+        "size",
+        "the memory of a `treellm ingest` process (DuckDB gets what the process does not hold, less 160 MiB "
+        "for its Python work); DuckDB's alone in an exporter, a collector or a Python caller",
+        default="1GB",
+    )
 )
 TREELLM_INTERNAL_TOOLS: Setting[tuple[str, ...], None] = _declare(
     Setting(

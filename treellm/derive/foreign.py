@@ -242,25 +242,21 @@ _INTEGER = frozenset({"node_depth", "ordinal"})
 
 @contextmanager
 def frames_as_tables(con: duckdb.DuckDBPyConnection, **frames: pd.DataFrame) -> Iterator[None]:
-    """Each frame as a temporary table of its name for the block, copied in (DuckDB scans the
-    local ``frame``: its replacement scan), so the frame can go as soon as the caller drops it.
-    A frame registered with ``register`` inside a transaction stays alive until the transaction
-    ends, even once unregistered (DuckDB keeps the dropped view for a rollback): an ingest of a
-    1 GB file held hundreds of MB of such frames (BENCHMARKS.md, "Ingest memory"). The tables
-    are not dropped when the block raises: after a DuckDB error the transaction is aborted, and a
-    DROP would hide that error behind "Current transaction is aborted" (the rollback drops them)."""
+    """Each frame as a temporary table of its name for the block, its rows copied in (through a
+    relation, never ``register``), so the frame can go as soon as the caller drops it. A frame
+    registered inside a transaction stays alive until the transaction ends, even once
+    unregistered (DuckDB keeps the dropped view for a rollback): an ingest of a 1 GB file held
+    hundreds of MB of them (BENCHMARKS.md, "Ingest memory"). The tables are not dropped when the
+    block raises: after a DuckDB error the transaction is aborted, and a DROP would hide that
+    error behind "Current transaction is aborted" (the rollback drops them)."""
     for name, frame in frames.items():
-        scan_frame(con, f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT * FROM frame", frame)
+        rows = con.from_df(frame)
+        columns = ", ".join(f'"{column}" {kind}' for column, kind in zip(rows.columns, rows.types, strict=True))
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} ({columns})")
+        rows.insert_into(name)
     yield
     for name in frames:
         con.execute(f"DROP TABLE IF EXISTS {name}")
-
-
-def scan_frame(con: duckdb.DuckDBPyConnection, sql: str, frame: pd.DataFrame) -> None:
-    """Run ``sql``, which reads ``frame`` under that name: DuckDB's replacement scan finds the
-    local variable of the function that runs the statement. Nothing is registered, so nothing
-    keeps the frame once the statement is done (see :func:`frames_as_tables`)."""
-    con.execute(sql)  # ``frame``, a parameter: a local of this function's frame
 
 
 def _frame(columns: dict[str, Any]) -> pd.DataFrame:
@@ -653,12 +649,11 @@ def _record_placed(
             "call_targets": [None if k is None else k[1] for k in keys],
         }
     )
-    scan_frame(
-        con,
-        "INSERT INTO foreign_placed BY NAME SELECT u.*, r.stored FROM frame u "
-        "JOIN place_rows r ON r.trace_id = u.trace_id AND r.span_id = u.span_id",
-        frame,
-    )
+    with frames_as_tables(con, run_updates=frame):
+        con.execute(
+            "INSERT INTO foreign_placed BY NAME SELECT u.*, r.stored FROM run_updates u "
+            "JOIN place_rows r ON r.trace_id = u.trace_id AND r.span_id = u.span_id"
+        )
 
 
 def _place(con: duckdb.DuckDBPyConnection) -> None:

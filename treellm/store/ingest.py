@@ -118,6 +118,37 @@ UNKNOWN_TOOL = "(unknown tool)"
 InputFormatChoice = Literal["auto", InputFormat]  # the names of treellm.derive.formats.FORMATS
 MAX_LINE_BYTES = 64 * 1024 * 1024
 MEMORY_LIMIT = settings.get(settings.TREELLM_INGEST_MEMORY_LIMIT)  # read once, at import
+PYTHON_RESERVE_BYTES = 160 * 1024 * 1024
+"""What an ingest keeps of its memory budget for its Python work beside DuckDB: the placement's
+batch of about 50,000 spans took about 90 MB (BENCHMARKS.md, "Ingest memory")."""
+MIN_DUCKDB_BYTES = 256 * 1024 * 1024
+"""DuckDB's share is never below this (a 32 MiB piece of batched lines needs it to stage): a budget
+too small for the process is exceeded rather than failed."""
+_UNITS = {"": 1, "b": 1, "bytes": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+
+
+def size_bytes(text: str) -> int:
+    """Bytes of a size as DuckDB reads it (``1GB`` is 10**9 bytes, ``1GiB`` 2**30); ``text`` is
+    a valid ``size`` setting (``settings._SIZE``)."""
+    number = text.strip().rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ").strip()
+    return int(float(number) * _UNITS[text.strip()[len(number) :].strip().lower()])
+
+
+def duckdb_share(budget: int, held: int) -> int:
+    """DuckDB's memory limit for an ingest whose process may use ``budget`` bytes and holds
+    ``held`` already (the interpreter, its imports): what is left less
+    :data:`PYTHON_RESERVE_BYTES`, at least :data:`MIN_DUCKDB_BYTES`."""
+    return max(MIN_DUCKDB_BYTES, budget - held - PYTHON_RESERVE_BYTES)
+
+
+def _resident_bytes() -> int:
+    """This process's resident memory (Linux's ``/proc``; 0 where there is none to read)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclass(frozen=True, slots=True)
@@ -762,14 +793,19 @@ def _load_jsonl(
     retries: int = 20,
     capture: CaptureMode = "redacted",
     on_step: _OnStep | None = None,
+    bound_process: bool = False,
 ) -> tuple[int, int, int, Accounting]:
     """One transaction: stage (in pieces), validate, insert, finish (every :data:`CHUNK_BYTES`),
     account for the new spans. Returns (spans, runs, duplicates, accounting); raises
     :class:`_Refused` (after a rollback) when DuckDB refuses to stage the file or the SQL check
-    flags a span."""
+    flags a span. ``bound_process``: :data:`MEMORY_LIMIT` bounds the whole process (DuckDB gets
+    :func:`duckdb_share` of it), else DuckDB alone (an exporter or a flusher inside a process that
+    holds much else)."""
     con = open_store(db, retries=retries)
     try:
-        con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
+        share = duckdb_share(size_bytes(MEMORY_LIMIT), _resident_bytes()) // 2**20
+        limit = f"{share}MiB" if bound_process else MEMORY_LIMIT
+        con.execute(f"SET memory_limit = '{limit}'")
         con.execute("SET preserve_insertion_order = false")
         con.execute(MACROS)
         totals = [0, 0, 0]
@@ -855,6 +891,7 @@ def ingest_file(
     retries: int = 20,
     capture: Capture | CaptureMode | None = None,
     on_step: _OnStep | None = None,
+    bound_process: bool = False,
 ) -> FileReport:
     """Ingest one file in one transaction (see the module docstring).
 
@@ -863,6 +900,9 @@ def ingest_file(
     ``configure(capture=...)``, else ``TREELLM_CAPTURE``, else ``redacted``
     (:func:`~treellm.telemetry.redaction.resolve_capture`). ``on_step(step, share, spans)`` is
     told each step, the share of the file done and the new spans placed so far.
+    ``bound_process``: ``TREELLM_INGEST_MEMORY_LIMIT`` bounds this whole process (a command of
+    its own, as ``treellm ingest`` is): DuckDB gets what the process does not hold already, less
+    :data:`PYTHON_RESERVE_BYTES` (:func:`duckdb_share`); else the limit is DuckDB's alone.
     """
     mode = resolve_capture(capture).mode
     source = Path(path)
@@ -893,8 +933,9 @@ def ingest_file(
                     skipped = 1
                 try:
                     spans, runs, duplicates, accounting = _load_jsonl(
-                        Path(db), [jsonl], display=display, retries=retries, capture=mode, on_step=on_step
-                    )
+                        Path(db), [jsonl], display=display, retries=retries, capture=mode, on_step=on_step,
+                        bound_process=bound_process,
+                    )  # fmt: skip
                 except _Refused:
                     pass
                 else:
@@ -913,8 +954,9 @@ def ingest_file(
             return FileReport(display, fmt, 0, 0, 0, skipped, empty=empty, bad=tuple(bad), warnings=tuple(warnings))
         try:
             spans, runs, duplicates, accounting = _load_jsonl(
-                Path(db), [jsonl], display=display, retries=retries, capture=mode, on_step=on_step
-            )
+                Path(db), [jsonl], display=display, retries=retries, capture=mode, on_step=on_step,
+                bound_process=bound_process,
+            )  # fmt: skip
         except _Refused as exc:
             raise IngestError(f"DuckDB refused the file: {exc}", path=display) from exc
     warnings.extend(accounting_warnings(display, accounting))
@@ -1035,13 +1077,14 @@ def ingest(
     skip_bad: bool = False,
     progress: Callable[[IngestProgress], None] | None = None,
     capture: Capture | CaptureMode | None = None,
+    bound_process: bool = False,
 ) -> IngestReport:
     """Ingest files (folders are walked) into the store at ``store``, one transaction each.
 
     Without ``skip_bad`` the first bad file raises :class:`IngestError`; the files
     before it stay ingested (each was its own transaction). ``progress`` is told where the
     ingest is (:class:`IngestProgress`) at each step of each file, and once at the end (step
-    ``done``, every byte done). ``capture``: as :func:`ingest_file`.
+    ``done``, every byte done). ``capture`` and ``bound_process``: as :func:`ingest_file`.
     """
     capture = resolve_capture(capture)
     files, skipped_files = _expand(paths)
@@ -1061,7 +1104,10 @@ def ingest(
                 tell(IngestProgress(i, len(files), done, total, committed + placed, str(files[i]), step))
 
             on_step("reading", 0.0, 0)
-        reports.append(ingest_file(store, file, input_format, skip_bad=skip_bad, capture=capture, on_step=on_step))
+        report = ingest_file(
+            store, file, input_format, skip_bad=skip_bad, capture=capture, on_step=on_step, bound_process=bound_process
+        )
+        reports.append(report)
         before += sizes[index]
         spans += reports[-1].spans
     if progress is not None:
