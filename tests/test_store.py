@@ -454,7 +454,9 @@ def test_the_ingest_memory_limit_bounds_the_process_and_duckdb_gets_what_is_left
     import importlib
 
     ingest_module = importlib.import_module("treellm.store.ingest")
-    size, share, mib = ingest_module.size_bytes, ingest_module.duckdb_share, 2**20
+    from treellm.settings import size_bytes as size
+
+    share, mib = ingest_module.duckdb_share, 2**20
     assert [size(t) for t in ("1GB", "1GiB", "512MB", "1.5GB", "64 MiB", "100", "2kb")] == [
         10**9, 2**30, 512 * 10**6, 15 * 10**8, 64 * mib, 100, 2000,
     ]  # fmt: skip

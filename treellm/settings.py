@@ -47,6 +47,7 @@ __all__ = [
     "Scope",
     "Setting",
     "get",
+    "size_bytes",
 ]
 
 T = TypeVar("T")
@@ -149,6 +150,18 @@ def _size(setting: Setting[Any, Any], text: str) -> str:
     if not _SIZE.fullmatch(value):
         raise setting.fail(text)
     return value
+
+
+_UNITS = {"": 1, "b": 1, "bytes": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+
+
+def size_bytes(text: str) -> int:
+    """Bytes of a ``size`` setting's value (:data:`_SIZE`), as DuckDB reads it: ``1GB`` is 10**9
+    bytes, ``1GiB`` 2**30."""
+    value = text.strip()
+    number = value.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ").strip()
+    return int(float(number) * _UNITS[value[len(number) :].strip().lower()])
 
 
 def _list(setting: Setting[Any, Any], text: str) -> tuple[str, ...]:

@@ -125,15 +125,6 @@ MIN_DUCKDB_BYTES = 384 * 1024 * 1024
 """DuckDB's share is never below this: a budget too small for the process is exceeded rather than
 failed (with DuckDB at 256 MB the 1 GB file's batched lines ran out of memory; at 384 MB they did
 not: BENCHMARKS.md, "Ingest memory")."""
-_UNITS = {"": 1, "b": 1, "bytes": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
-
-
-def size_bytes(text: str) -> int:
-    """Bytes of a size as DuckDB reads it (``1GB`` is 10**9 bytes, ``1GiB`` 2**30); ``text`` is
-    a valid ``size`` setting (``settings._SIZE``)."""
-    number = text.strip().rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ").strip()
-    return int(float(number) * _UNITS[text.strip()[len(number) :].strip().lower()])
 
 
 def duckdb_share(budget: int, held: int) -> int:
@@ -804,7 +795,7 @@ def _load_jsonl(
     holds much else)."""
     con = open_store(db, retries=retries)
     try:
-        share = duckdb_share(size_bytes(MEMORY_LIMIT), _resident_bytes()) // 2**20
+        share = duckdb_share(settings.size_bytes(MEMORY_LIMIT), _resident_bytes()) // 2**20
         limit = f"{share}MiB" if bound_process else MEMORY_LIMIT
         con.execute(f"SET memory_limit = '{limit}'")
         con.execute("SET preserve_insertion_order = false")
