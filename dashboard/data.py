@@ -8,7 +8,8 @@ Hard rules (``docs/architecture.md``, storage model):
   of the store read behind its engine's back;
 - a short-lived read-only connection per query (``open_store(read_only=True)``,
   ``open_parquet`` or ``open_clickhouse``), closed right away: never cached, so a writer
-  (the collector, an ingest) is blocked for no longer than one query;
+  (the collector, an ingest) is blocked for no longer than one query; ClickHouse's is kept
+  :data:`KEEP_S` seconds after a query, so one page's queries share it;
 - results are cached (``st.cache_data``) instead, keyed by the data's version
   (:func:`treellm.analysis.explorer.data_version`: span count, first start, last end, read
   at most every :data:`VERSION_TTL_S` seconds), so pages stay fast on unchanged data and a
@@ -28,6 +29,7 @@ taken one at a time. What the store holds is shown as text, never Markdown
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import datetime as dt
@@ -94,20 +96,84 @@ _CLICKHOUSE_LOCK = threading.Lock()
 _ATTACHED: set[Source] = set()
 """The ClickHouse sources whose views this process set up: later queries only connect."""
 
+KEEP_S = 2.0
+"""A ClickHouse connection is kept this long after its query, so that one page's queries share
+it, then closed. Opening a chDB folder of 10M spans took 0.12-0.45 s a query (a page asks up to
+ten); closed, the folder is free again for another process (a derive pass), which chDB allows
+only one of at a time."""
+
+
+@dataclasses.dataclass
+class _Kept:
+    """The process's kept ClickHouse connection (under :data:`_CLICKHOUSE_LOCK`): a closer
+    scheduled at each query's end closes it unless a later query reused it (``generation``)."""
+
+    source: Source | None = None
+    con: StoreConnection | None = None
+    generation: int = 0
+
+
+_KEPT = _Kept()
+
+
+def _take(src: Source) -> StoreConnection | None:
+    """The kept connection when it reads ``src``; any other is closed (one chDB folder a process)."""
+    con, _KEPT.con = _KEPT.con, None
+    _KEPT.generation += 1  # a closer already scheduled leaves the connection alone
+    if con is not None and _KEPT.source != src:
+        con.close()
+        con = None
+    return con
+
+
+def _keep(src: Source, con: StoreConnection) -> None:
+    _KEPT.source, _KEPT.con = src, con
+    generation = _KEPT.generation
+    closer = threading.Timer(KEEP_S, _close_kept, args=(generation,))
+    closer.daemon = True
+    closer.start()
+
+
+def _close_kept(generation: int | None = None) -> None:
+    with _CLICKHOUSE_LOCK:
+        if generation is None or generation == _KEPT.generation:
+            con = _take(_KEPT.source) if _KEPT.source is not None else None
+            if con is not None:
+                con.close()
+
+
+def release() -> None:
+    """Close the kept ClickHouse connection now (chDB's folder free for others at once)."""
+    _close_kept()
+
+
+atexit.register(release)  # chDB crashed the server's exit (SIGSEGV) when a session was still open
+
 
 @contextlib.contextmanager
 def _connect(src: Source) -> Iterator[StoreConnection]:
-    with _CLICKHOUSE_LOCK if src.kind == "clickhouse" else contextlib.nullcontext():
-        con = open_source(src, retries=6, attach=src not in _ATTACHED)
-        if src.kind == "clickhouse":
+    """A connection to ``src`` for one query: a DuckDB file or Parquet folders are opened and
+    closed (a writer waits for one query at most); ClickHouse reuses the connection kept since
+    the last query (:data:`KEEP_S`)."""
+    if src.kind != "clickhouse":
+        con = open_source(src, retries=6)
+        try:
+            yield con
+        finally:
+            con.close()
+        return
+    with _CLICKHOUSE_LOCK:
+        con = _take(src)
+        if con is None:
+            con = open_source(src, retries=6, attach=src not in _ATTACHED)
             _ATTACHED.add(src)
         try:
             yield con
-        except Exception:
+        except BaseException:
             _ATTACHED.discard(src)  # a failed query sets the views up again next time (dropped, upgraded)
-            raise
-        finally:
             con.close()
+            raise
+        _keep(src, con)
 
 
 @st.cache_data(ttl=VERSION_TTL_S, show_spinner=False)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,9 +51,12 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 def fresh_cache() -> Iterator[None]:
     import streamlit as st
 
+    from dashboard import data
+
     st.cache_data.clear()
     yield
     st.cache_data.clear()
+    data.release()  # chDB holds one folder a process: the next test's is another
 
 
 def over_duckdb(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -187,6 +192,42 @@ def test_the_dashboard_sets_clickhouse_views_up_once_then_only_connects(
     assert data.query("totals", Filters())["runs"] > 0 and len(attached) == 2  # set up again, once
 
 
+def test_one_pages_clickhouse_queries_share_a_connection_closed_soon_after(
+    stores: tuple[Path, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Opening a chDB folder of 10M spans costs 0.12-0.45 s: a page's queries reuse the kept
+    connection, which is closed once no query came for ``KEEP_S`` seconds, so that another
+    process (a derive pass) can open the folder again."""
+    from dashboard import data
+
+    _, url = stores
+    over_clickhouse(url, monkeypatch)
+    opened: list[str] = []
+    open_source = data.open_source
+
+    def counting(src: Any, **options: Any) -> Any:
+        opened.append(src.kind)
+        return open_source(src, **options)
+
+    monkeypatch.setattr(data, "open_source", counting)
+    monkeypatch.setattr(data, "KEEP_S", 3600.0)
+    page_queries = ("totals", "repeat_outcome_by_tool", "runs_by_day", "prune_rate_by_tool")
+    assert [len(data.query(name, Filters())) > 0 for name in page_queries] == [True] * 4
+    assert opened == ["clickhouse"]
+    monkeypatch.setattr(data, "KEEP_S", 0.0)
+    data.st.cache_data.clear()
+    assert data.query("totals", Filters())["runs"] > 0  # its connection is closed as soon as it is idle
+    deadline = time.monotonic() + 60
+    while data._KEPT.con is not None:
+        assert time.monotonic() < deadline, "the idle connection was never closed"
+        time.sleep(0.01)
+    other = open_clickhouse(f"chdb:{tmp_path / 'other'}", table=TABLE, create_table=True)  # the folder is free
+    other.close()
+    reopened = len(opened)
+    data.st.cache_data.clear()
+    assert data.query("totals", Filters())["runs"] > 0 and len(opened) > reopened  # opened afresh
+
+
 @pytest.mark.parametrize(
     "query",
     [
@@ -284,5 +325,6 @@ def test_treellm_dashboard_clickhouse_in_a_real_browser(stores: tuple[Path, str]
                 finally:
                     browser.close()
         finally:
-            server.terminate()
-            server.communicate(timeout=30)
+            server.terminate()  # within the kept connection's seconds: chDB's session still open
+            output, _ = server.communicate(timeout=30)
+    assert server.returncode == 0, output[-2000:]  # a clean stop (an open session crashed chDB's exit)
