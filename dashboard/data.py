@@ -156,17 +156,16 @@ def _connect(src: Source) -> Iterator[StoreConnection]:
     closed (a writer waits for one query at most); ClickHouse reuses the connection kept since
     the last query (:data:`KEEP_S`)."""
     if src.kind != "clickhouse":
-        con = open_source(src, retries=6)
+        opened = open_source(src, retries=6)
         try:
-            yield con
+            yield opened
         finally:
-            con.close()
+            opened.close()
         return
     with _CLICKHOUSE_LOCK:
-        con = _take(src)
-        if con is None:
-            con = open_source(src, retries=6, attach=src not in _ATTACHED)
-            _ATTACHED.add(src)
+        kept = _take(src)
+        con = kept if kept is not None else open_source(src, retries=6, attach=src not in _ATTACHED)
+        _ATTACHED.add(src)
         try:
             yield con
         except BaseException:
