@@ -147,6 +147,23 @@ def test_filters_become_typed_parameters_with_the_same_answer(samples: tuple[Any
         assert normalised(A.shape_by_run(ch, f)) == normalised(A.shape_by_run(duck, f))
 
 
+def test_shapes_of_chosen_columns_are_those_columns_of_every_shape_in_order(
+    samples: tuple[Any, ClickHouseConnection],
+) -> None:
+    duck, ch = samples
+    columns = ["outcome", "run_id", "max_depth", "day", "nodes"]
+    for con in (duck, ch):
+        whole = A.shape_by_run(con)
+        chosen = A.shape_by_run(con, columns=columns)
+        assert list(chosen.columns) == columns and len(chosen) == len(whole) > 0
+        assert sorted(_ordered(chosen)) == sorted(_ordered(whole[columns]))  # the same rows
+        starts = dict(zip(whole["run_id"], whole["start_ns"], strict=True))
+        order = [starts[run] for run in chosen["run_id"]]
+        assert order == sorted(order)  # in start order
+    with pytest.raises(ValueError, match="no shape column breadth; expected some of run_id"):
+        A.shape_by_run(duck, columns=["run_id", "breadth"])
+
+
 def _ordered(frame: pd.DataFrame) -> list[tuple[Any, ...]]:
     return [tuple(_value(v) for v in row) for row in frame.itertuples(index=False, name=None)]
 

@@ -11,6 +11,7 @@ failed repeat is wasted.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
@@ -215,11 +216,27 @@ WHERE {run_where}
 """
 
 
-def shape_by_run(con: StoreConnection, filters: Filters | None = None) -> pd.DataFrame:
+SHAPE_COLUMNS = ("run_id", "agent", "service", "model", "start_ns", "day", "duration_ns", "outcome", "nodes",
+                 "think_nodes", "tool_nodes", "collapse_nodes", "max_depth", "max_breadth", "breadth_per_depth",
+                 "branching_factor", "leaves", "pruned_calls", "shadow_catches")  # fmt: skip
+"""The columns of :func:`shape_by_run`, in order."""
+
+
+def shape_by_run(
+    con: StoreConnection, filters: Filters | None = None, *, columns: Sequence[str] | None = None
+) -> pd.DataFrame:
     """Per run: nodes by kind, max depth, breadth per depth (ThinkNodes), branching factor
-    (mean children of a node with children), leaves, pruned calls, outcome."""
+    (mean children of a node with children), leaves, pruned calls, outcome; only ``columns``
+    (of :data:`SHAPE_COLUMNS`) when given. Every run's ``breadth_per_depth`` list is most of
+    the cost of fetching: at 10M spans (676,900 runs over chDB) 3.0 s with it, 0.3 s without."""
+    unknown = sorted(set(columns or ()) - set(SHAPE_COLUMNS))
+    if unknown:
+        raise ValueError(f"no shape column {', '.join(unknown)}; expected some of {', '.join(SHAPE_COLUMNS)}")
     run_where, params = (filters or Filters()).run_condition("r")
-    return _df(con, _SHAPE_SQL.format(run_where=run_where) + "ORDER BY r.start_ns", params)
+    if columns is None:
+        return _df(con, _SHAPE_SQL.format(run_where=run_where) + "ORDER BY r.start_ns", params)
+    chosen = ", ".join(f"s.{c} AS {c}" for c in columns)
+    return _df(con, f"SELECT {chosen} FROM ({_SHAPE_SQL.format(run_where=run_where)}) s ORDER BY s.start_ns", params)
 
 
 _SHAPE_MEASURES = ("nodes", "max_depth", "max_breadth", "branching_factor", "leaves", "pruned_calls")
