@@ -21,7 +21,7 @@ import pandas as pd
 import tomli_w
 
 from treellm.analysis.filters import Filters
-from treellm.analysis.measures import CALLS_SQL, repeat_samples
+from treellm.analysis.measures import CALLS_SQL
 from treellm.shell import DEFAULT_SHELL_TOOLS
 from treellm.store.backend import StoreConnection, as_connection
 
@@ -69,6 +69,25 @@ def _current_limits(con: StoreConnection, f: Filters) -> pd.DataFrame:
             FROM ({CALLS_SQL}) c WHERE {where} GROUP BY c.tool""",
         params,
     )
+
+
+def _samples(con: StoreConnection, f: Filters) -> pd.DataFrame:
+    """The executed repeats as the tuning weighs them: ``tool``, ``outcome``, ``productive``,
+    ``ordinal``, ``result_chars`` (:func:`repeat_samples`' other columns, the arguments above
+    all, were 0.4 of its 0.45 s at 10M spans over chDB; :func:`_evidence` reads them for the
+    few calls it quotes)."""
+    where, params = f.where("c")
+    return as_connection(con).df(
+        f"""SELECT c.tool AS tool, c.outcome AS outcome, c.productive AS productive, c.ordinal AS ordinal,
+                   c.result_chars AS result_chars
+            FROM repeat_outcomes c WHERE {where}""",
+        params,
+    )
+
+
+def _by_tool(samples: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """``samples`` split per tool, once (a mask per tool over every repeat cost 0.4 s at 10M spans)."""
+    return {str(tool): group for tool, group in samples.groupby("tool", sort=False)}
 
 
 def _afresh(con: StoreConnection, f: Filters) -> dict[str, int]:
@@ -131,16 +150,17 @@ def what_if_by_tool_limit(
     prunes), and calls pruned in the data that L would let run (``unknown``: no outcome).
     ``current_limit`` is the limit the data ran under, ``<NA>`` when it never ran under one."""
     f = filters or Filters()
-    samples = repeat_samples(con, f)
+    samples = _samples(con, f)
     limits = _current_limits(con, f)
     pruned = _pruned_counts(con, f)
     turns = _single_tool_turns(con, f)
+    per_tool, none = _by_tool(samples), samples.iloc[0:0]
     rows: list[dict[str, Any]] = []
     for tool in sorted(limits["tool"]):
         found = limits.loc[limits["tool"] == tool, "current_limit"].iloc[0]
         observed = int(found) if pd.notna(found) else None  # None: the data never ran under a limit
         current = observed or 1
-        mine = samples[samples["tool"] == tool] if not samples.empty else samples
+        mine = per_tool.get(str(tool), none)
         top = max_limit or max(current + 2, int(mine["ordinal"].max()) if not mine.empty else 1, 3)
         mine_pruned = pruned[pruned["tool"] == tool]
         for limit in range(1, top + 1):
@@ -215,14 +235,20 @@ ten, and the fewest a reviewer can read as a pattern."""
 MAX_EVIDENCE = 3
 
 
-def _evidence(mine: pd.DataFrame, current: int) -> list[dict[str, Any]]:
-    """The productive repeats a limit of ``current`` would prune, as quotable calls."""
-    if mine.empty:
-        return []
-    driving = mine[mine["productive"] & (mine["ordinal"] > current)].sort_values(["run_id", "start_ns"])
+def _evidence(con: StoreConnection, f: Filters, tool: str, current: int) -> list[dict[str, Any]]:
+    """The first productive repeats of ``tool`` that a limit of ``current`` would prune (by run,
+    then start), as quotable calls."""
+    where, params = f.where("c")
+    driving = as_connection(con).df(
+        f"""SELECT c.run_id AS run_id, c.node_id AS node_id, c.ordinal AS ordinal, c.arguments AS arguments
+            FROM repeat_outcomes c
+            WHERE {where} AND c.tool = ? AND c.outcome != 'unknown' AND c.productive AND c.ordinal > ?
+            ORDER BY c.run_id, c.start_ns, c.node_id LIMIT {MAX_EVIDENCE}""",
+        [*params, tool, current],
+    )
     out = []
     row: Any
-    for row in driving.head(MAX_EVIDENCE).itertuples(index=False):
+    for row in driving.itertuples(index=False):
         out.append(
             {"run_id": str(row.run_id), "node_id": str(row.node_id), "ordinal": int(row.ordinal),
              "arguments": _quote(row.arguments), "link": f"run?run={row.run_id}&node={row.node_id}"}
@@ -253,20 +279,23 @@ def tuning_by_tool(
     ``mutates`` with its state-change rule instead of a higher limit.
     """
     f = filters or Filters()
-    samples = repeat_samples(con, f)
+    samples = _samples(con, f)
     limits = _current_limits(con, f)
     pruned = _pruned_counts(con, f)
     turns = _single_tool_turns(con, f)
     afresh = _afresh(con, f)
     causes = _causes(con, f)
+    is_unknown = samples["outcome"] == "unknown"
+    per_tool, none = _by_tool(samples[~is_unknown]), samples.iloc[0:0]
+    unknowns = samples.loc[is_unknown, "tool"].value_counts()
     rows: list[dict[str, Any]] = []
     item: Any
     for item in limits.itertuples(index=False):
         tool = str(item.tool)
         observed = pd.notna(item.current_limit)
         current = int(item.current_limit) if observed else 1
-        mine = samples[(samples["tool"] == tool) & (samples["outcome"] != "unknown")] if not samples.empty else samples
-        unknown = int(((samples["tool"] == tool) & (samples["outcome"] == "unknown")).sum()) if not samples.empty else 0
+        mine = per_tool.get(tool, none)
+        unknown = int(unknowns.get(tool, 0))
         n = len(mine)
         productive = int(mine["productive"].sum()) if n else 0
         low, high = wilson_interval(productive, n)
@@ -309,7 +338,7 @@ def tuning_by_tool(
              "productive_rate": productive / n if n else 0.0, "productive_rate_low": low, "productive_rate_high": high,
              "calls": int(item.calls), "pruned": pruned_here, "calls_saved": saved,
              "tokens_saved_est": int(tokens // 4) if pd.notna(tokens) else 0, "mutating_tool": mutating,
-             "branches_ended": ends, "evidence": _evidence(mine, current) if verdict == "raise" else [],
+             "branches_ended": ends, "evidence": _evidence(con, f, tool, current) if verdict == "raise" else [],
              "reason": reason}
         )  # fmt: skip
     if not rows:
