@@ -218,7 +218,12 @@ def _rerun_when_free() -> None:
 
 def _store_free(src: Source) -> bool:
     """Whether a read-only open succeeds right now (one try, closed at once). Any other
-    problem counts as free: the rerun then shows it."""
+    problem counts as free: the rerun then shows it. A chDB folder is free when no other
+    process has it open."""
+    if src.kind == "clickhouse" and src.paths[0].startswith("chdb:"):
+        from treellm.store.clickhouse import chdb_holder
+
+        return chdb_holder(src.paths[0].removeprefix("chdb:") or ".") is None
     if src.kind != "db":
         return True
     try:

@@ -12,9 +12,12 @@ events and links as Nested arrays. Used by ``tests/test_clickhouse.py`` and
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import math
+import subprocess
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -120,3 +123,28 @@ def insert_sql(rows: list[dict[str, Any]], table: str = "otel_traces") -> str:
     """One INSERT ... FORMAT JSONEachRow statement for ``rows`` (Nested columns as dotted arrays)."""
     body = "\n".join(json.dumps(r, ensure_ascii=False) for r in rows)
     return f"INSERT INTO {table} SETTINGS input_format_import_nested_json = 1 FORMAT JSONEachRow\n{body}"
+
+
+_HOLD = """
+import sys
+from chdb import session
+held = session.Session(sys.argv[1])
+held.query("SELECT 1")
+print("held", flush=True)
+sys.stdin.readline()
+held.close()
+"""
+
+
+@contextlib.contextmanager
+def held_chdb_folder(folder: Path) -> Iterator[int]:
+    """Another process with the chDB folder open (chDB lets one at a time) until the block ends:
+    its process id."""
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(folder)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert holder.stdout is not None
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield holder.pid
+    finally:
+        holder.communicate("\n", timeout=60)

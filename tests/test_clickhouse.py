@@ -23,7 +23,7 @@ import pytest
 
 pytest.importorskip("chdb")
 
-from clickhouse_rows import file_rows, insert_sql
+from clickhouse_rows import file_rows, held_chdb_folder, insert_sql
 
 from treellm import analysis as A
 from treellm.cli import main
@@ -357,3 +357,32 @@ def test_a_column_added_to_a_view_in_one_place_reaches_both_engines(
         ch.close()
     finally:
         clickhouse._described.cache_clear()
+
+
+def test_a_chdb_folder_another_process_has_open_is_busy_and_named_with_that_process(tmp_path: Path) -> None:
+    """chDB lets one process at a time open a folder: the second is told which process has it
+    (a busy store, which the dashboard retries), not chDB's "Error initializing EmbeddedServer"."""
+    import subprocess
+    import sys
+
+    from treellm.errors import StoreBusyError
+    from treellm.store.clickhouse import chdb_holder
+
+    folder = tmp_path / "held"  # made by its holder: this process has the module's folder open
+    assert chdb_holder(folder) is None
+    with held_chdb_folder(folder) as pid:
+        assert chdb_holder(folder) == pid
+        with pytest.raises(StoreBusyError, match=rf"the chDB folder {folder} is open in process {pid}: "):
+            open_clickhouse(f"chdb:{folder}", table="otel_traces")
+        derive = subprocess.run([sys.executable, "-m", "treellm", "derive", "--clickhouse", f"chdb:{folder}",
+                                 "--clickhouse-table", "otel_traces", "--once", "--wait", "0"],
+                                check=False, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert derive.returncode == 1
+        assert derive.stderr.splitlines() == [  # one line, chDB's own lines never printed
+            f"treellm: error: the chDB folder {folder} is open in process {pid}: chDB lets one process at a "
+            "time open a folder (a derive pass, the dashboard, a report); try again when it is done, or serve the "
+            "folder with a ClickHouse server to share it"
+        ]
+    assert chdb_holder(folder) is None  # free again
+    with held_chdb_folder(folder) as again:  # another process opens it
+        assert chdb_holder(folder) == again

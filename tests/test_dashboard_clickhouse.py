@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("chdb")
 
-from clickhouse_rows import file_rows, insert_sql
+from clickhouse_rows import file_rows, held_chdb_folder, insert_sql
 from streamlit.testing.v1 import AppTest
 
 from dashboard.text import literal
@@ -226,6 +226,27 @@ def test_one_pages_clickhouse_queries_share_a_connection_closed_soon_after(
     reopened = len(opened)
     data.st.cache_data.clear()
     assert data.query("totals", Filters())["runs"] > 0 and len(opened) > reopened  # opened afresh
+
+
+def test_a_chdb_folder_another_process_has_open_shows_busy_then_the_page_once_free(
+    stores: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A derive pass holding the folder (chDB: one process at a time) is a busy store: the page
+    says so and waits, and shows the data once the folder is free."""
+    from dashboard import data
+
+    _, url = stores
+    over_clickhouse(url, monkeypatch)
+    data.release()
+    folder = Path(url.removeprefix("chdb:"))
+    with held_chdb_folder(folder):
+        assert not data._store_free(data.source())
+        at = page("overview")
+        warnings = [w.value for w in at.warning]
+        assert len(warnings) == 1 and warnings[0].startswith("Store busy, retrying"), warnings
+        assert not at.metric
+    assert data._store_free(data.source())
+    assert int(metrics(page("overview"))["Runs"]) > 300
 
 
 @pytest.mark.parametrize(

@@ -27,15 +27,19 @@ which masks its password whatever the URL's shape.
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import os
+import re
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
 import pandas as pd
 
 from treellm import settings
-from treellm.errors import ConfigError, MissingExtraError, StoreError
+from treellm.errors import ConfigError, MissingExtraError, StoreBusyError, StoreError
 from treellm.store.backend import Dialect
 from treellm.store.clickhouse_views import (
     DEFAULT_TABLE,
@@ -360,16 +364,54 @@ _INSERT_FORMAT: Final = "SETTINGS input_format_import_nested_json = 1 FORMAT JSO
 _EXPORT_SETTINGS: Final = "output_format_json_quote_64bit_integers = 0"
 
 
+def chdb_holder(path: str | os.PathLike[str]) -> int | None:
+    """The id of another process that has the chDB folder ``path`` open, else None. chDB, as a
+    ClickHouse server, writes its process id into the folder's ``status`` file and holds an
+    exclusive ``flock`` on it while open; a folder this process opened is not another's."""
+    status = Path(path) / "status"
+    try:
+        fd = os.open(status, os.O_RDONLY)
+    except OSError:  # no folder or never opened: nobody holds it
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        found = re.search(rb"PID:\s*(\d+)", os.pread(fd, 256, 0))
+        holder = int(found.group(1)) if found else -1
+        return None if holder == os.getpid() else holder
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _busy(path: str, holder: int) -> StoreBusyError:
+    who = f"process {holder}" if holder > 0 else "another process"
+    return StoreBusyError(
+        f"the chDB folder {path} is open in {who}: chDB lets one process at a time open a folder "
+        "(a derive pass, the dashboard, a report); try again when it is done, or serve the folder "
+        "with a ClickHouse server to share it",
+        path=path,
+    )
+
+
 def _chdb(path: str, table: str, database: str) -> ClickHouseConnection:
     try:
         import chdb
         from chdb import session as chdb_session
     except ImportError as exc:
         raise MissingExtraError("chdb:PATH", "chdb", "chdb") from exc
+    holder = chdb_holder(path)
+    if holder is not None:  # said before chDB tries, which prints its own lines to stderr
+        raise _busy(path, holder)
     new_session: Any = chdb_session.Session  # chDB ships no type hints
     try:
         session: Any = new_session(path)
     except Exception as exc:  # chDB raises plain RuntimeError/Exception subclasses
+        holder = chdb_holder(path)  # taken in between
+        if holder is not None:
+            raise _busy(path, holder) from exc
         raise StoreError(f"cannot open the chDB folder {path}: {exc}", path=path) from exc
 
     def query(sql: str, params: dict[str, Any]) -> pd.DataFrame:
