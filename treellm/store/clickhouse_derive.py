@@ -38,7 +38,6 @@ are built by DuckDB (``to_json``), never span by span in Python.
 from __future__ import annotations
 
 import json
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -56,6 +55,7 @@ from treellm.store.clickhouse_views import DERIVED_SPANS, DERIVED_TRACES, DERIVE
 from treellm.store.connection import connect_quietly
 from treellm.store.ingest import BadRecord, ingest
 from treellm.store.judged import create_judged
+from treellm.store.scratch import scratch_folder
 from treellm.telemetry import semconv as sc
 
 __all__ = [
@@ -434,7 +434,7 @@ def derive_traces(
     every span of theirs in the spans table into treellm's tables: (spans read, spans written,
     runs, bad spans)."""
     version = time.time_ns()
-    with tempfile.TemporaryDirectory(prefix="treellm-derive-") as folder:
+    with scratch_folder("derive") as folder:
         rows, otlp, db = (Path(folder) / name for name in ("rows.jsonl", "spans.jsonl", "derive.duckdb"))
         exported = ch.export_rows(_export_sql(ch.table), [list(chosen)])
         spans_read = exported.count(b"\n")

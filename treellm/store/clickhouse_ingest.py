@@ -27,7 +27,6 @@ writes nothing, and each insert is one batch of whole spans.
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -48,6 +47,7 @@ from treellm.store.clickhouse_derive import (
 )
 from treellm.store.connection import connect_quietly
 from treellm.store.ingest import IngestProgress, IngestReport, InputFormatChoice, ingest
+from treellm.store.scratch import scratch_folder
 
 __all__ = ["ingest_clickhouse", "rows_sql"]
 
@@ -149,7 +149,7 @@ def ingest_clickhouse(
 ) -> IngestReport:
     """Ingest files into ``ch``'s spans table; the report counts the spans written (a span
     already in the table is a duplicate)."""
-    with tempfile.TemporaryDirectory(prefix="treellm-ch-ingest-") as folder:
+    with scratch_folder("ch-ingest") as folder:
         db = Path(folder) / "ingest.duckdb"
         report = ingest(db, paths, input_format, skip_bad=skip_bad, progress=progress)
         con = connect_quietly(str(db))

@@ -53,7 +53,6 @@ from __future__ import annotations
 import mmap
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -94,6 +93,7 @@ from treellm.exporters.jsonl import end_of_last_line
 from treellm.otlp import Normalized, StructureError, json_line, normalize_traces_data
 from treellm.store.connection import open_store
 from treellm.store.schema import SPAN_COLUMNS
+from treellm.store.scratch import scratch_folder
 from treellm.telemetry import semconv as sc
 from treellm.telemetry.redaction import MASK, Capture, CaptureMode, ForeignCapture, ValueRule, resolve_capture
 
@@ -802,7 +802,7 @@ def _load_jsonl(
         con.execute(MACROS)
         totals = [0, 0, 0]
         foreign = ForeignCapture(capture)  # its memo lives as long as the transaction
-        with tempfile.TemporaryDirectory(prefix="treellm-pieces-") as tmp, _transaction(con):
+        with scratch_folder("pieces") as tmp, _transaction(con):
             con.execute("CREATE OR REPLACE TEMP TABLE file_keys (trace_id VARCHAR, span_id VARCHAR)")
             done = 0
             size = max(sum(source.stat().st_size for source in sources), 1)
@@ -907,7 +907,7 @@ def ingest_file(
         fmt: str = detect_format(source)
     else:
         fmt = input_format
-    with tempfile.TemporaryDirectory(prefix="treellm-ingest-") as tmp:
+    with scratch_folder("ingest") as tmp:
         folder = Path(tmp)
         skipped = 0
         bad: list[BadRecord] = []
