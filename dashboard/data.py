@@ -134,20 +134,25 @@ def _keep(src: Source, con: StoreConnection) -> None:
     closer.start()
 
 
-def _close_kept(generation: int | None = None) -> None:
-    with _CLICKHOUSE_LOCK:
+def _close_kept(generation: int | None = None, *, wait_s: float = -1) -> None:
+    if not _CLICKHOUSE_LOCK.acquire(timeout=wait_s):
+        return
+    try:
         if generation is None or generation == _KEPT.generation:
             con = _take(_KEPT.source) if _KEPT.source is not None else None
             if con is not None:
                 con.close()
+    finally:
+        _CLICKHOUSE_LOCK.release()
 
 
-def release() -> None:
-    """Close the kept ClickHouse connection now (chDB's folder free for others at once)."""
-    _close_kept()
+def release(wait_s: float = -1) -> None:
+    """Close the kept ClickHouse connection now (chDB's folder free for others at once); give
+    up after ``wait_s`` seconds when a query holds it (-1: wait for it)."""
+    _close_kept(wait_s=wait_s)
 
 
-atexit.register(release)  # chDB crashed the server's exit (SIGSEGV) when a session was still open
+atexit.register(release, 30.0)  # chDB crashed the server's exit (SIGSEGV) when a session was still open
 
 
 @contextlib.contextmanager
