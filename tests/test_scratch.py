@@ -85,3 +85,23 @@ def test_the_next_ingest_removes_what_a_killed_one_left_in_the_temporary_directo
     assert done.returncode == 0, done.stderr
     assert not any(folder.exists() for folder in leftovers)
     assert list(scratch.iterdir()) == []  # and its own folders are gone with its work
+
+
+def test_a_process_sweeps_at_its_first_scratch_folder_then_every_ten_minutes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from treellm.store import scratch
+
+    clock = [1000.0]
+    sweeps: list[float] = []
+    monkeypatch.setattr(scratch, "_swept_at", [])
+
+    def counted() -> list[Path]:
+        sweeps.append(clock[0])
+        return []
+
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])  # the module's clock: time.monotonic
+    monkeypatch.setattr(scratch, "sweep", counted)
+    for moment in (1000.0, 1001.0, 1000.0 + scratch.SWEEP_EVERY_S - 1, 1000.0 + scratch.SWEEP_EVERY_S, 2000.0):
+        clock[0] = moment
+        with scratch_folder("pieces"):
+            pass
+    assert sweeps == [1000.0, 1000.0 + scratch.SWEEP_EVERY_S]

@@ -19,10 +19,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["STALE_S", "scratch_folder", "sweep"]
+__all__ = ["STALE_S", "SWEEP_EVERY_S", "scratch_folder", "sweep"]
 
 STALE_S = 3600.0
 """A dead process's scratch folder is removed once untouched this long."""
+SWEEP_EVERY_S = 600.0
+"""A process sweeps at its first scratch folder, then at most this often (the collector makes
+one a flush, every second or so)."""
+_swept_at: list[float] = []
 
 _NAME = re.compile(r"treellm-(?:[a-z]+-)+?(\d+)-[^/]+")
 """A scratch folder's name: the kinds are letters, the process id digits."""
@@ -31,10 +35,14 @@ _NAME = re.compile(r"treellm-(?:[a-z]+-)+?(\d+)-[^/]+")
 @contextlib.contextmanager
 def scratch_folder(kind: str) -> Iterator[Path]:
     """A new scratch folder for ``kind`` (letters and hyphens), removed when the block ends;
-    the folders dead processes left behind are removed first (:func:`sweep`)."""
+    the folders dead processes left behind are removed first (:func:`sweep`, at most every
+    :data:`SWEEP_EVERY_S` seconds)."""
     if not re.fullmatch(r"[a-z]+(?:-[a-z]+)*", kind):
         raise ValueError(f"a scratch folder's kind is lowercase letters and hyphens, got {kind!r}")
-    sweep()
+    now = time.monotonic()
+    if not _swept_at or now - _swept_at[-1] >= SWEEP_EVERY_S:
+        _swept_at[:] = [now]
+        sweep()
     with tempfile.TemporaryDirectory(prefix=f"treellm-{kind}-{os.getpid()}-") as folder:
         yield Path(folder)
 
