@@ -94,12 +94,17 @@ def _prune_rates(con: StoreConnection, f: Filters, *, group: list[str]) -> pd.Da
     loop_where, loop_params = f.where("l")
     keys = ", ".join(group)
     clickhouse = _dialect(con) == "clickhouse"
+    if {"agent", "model"} & set(group):  # a run's agent and model: joined only when grouped by them
+        calls = f"SELECT c.*, r.agent AS agent, r.model AS model FROM ({CALLS_SQL}) c LEFT JOIN runs r USING (run_id)"
+        events = (f"SELECT l.* {'EXCEPT' if clickhouse else 'EXCLUDE'} (model), r.agent AS agent, r.model AS model "
+                  "FROM loop_events l LEFT JOIN runs r USING (run_id)")  # fmt: skip
+    else:  # per tool: no join of every call to its run
+        calls, events = f"SELECT c.* FROM ({CALLS_SQL}) c", "SELECT l.* FROM loop_events l"
     sql = f"""
     WITH executed AS (
         SELECT {", ".join(f"x.{g}" for g in group)}, count(*) AS calls,
                count(*) FILTER (WHERE x.shadow_caught) AS shadow_catches
-        FROM (SELECT c.*, r.agent AS agent, r.model AS model FROM ({CALLS_SQL}) c LEFT JOIN runs r USING (run_id)
-              WHERE {where}) x
+        FROM ({calls} WHERE {where}) x
         GROUP BY ALL
     ),
     pruned AS (
@@ -107,9 +112,7 @@ def _prune_rates(con: StoreConnection, f: Filters, *, group: list[str]) -> pd.Da
                count(*) FILTER (WHERE x.action = 'prune') AS pruned_prune,
                count(*) FILTER (WHERE x.action = 'nudge') AS pruned_nudge,
                count(*) FILTER (WHERE x.action = 'cache') AS pruned_cache
-        FROM (SELECT l.* {"EXCEPT" if clickhouse else "EXCLUDE"} (model), r.agent AS agent, r.model AS model
-              FROM loop_events l LEFT JOIN runs r USING (run_id)
-              WHERE NOT l.shadow AND {loop_where}) x
+        FROM ({events} WHERE NOT l.shadow AND {loop_where}) x
         GROUP BY ALL
     )
     SELECT {keys},
