@@ -60,7 +60,10 @@ Scope = Literal["library", "tests", "benchmarks"]
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
-_SIZE = re.compile(r"(?i)\d+(?:\.\d+)?\s*(?:b|bytes|kb|mb|gb|tb|kib|mib|gib|tib)?")
+_UNITS = {"b": 1, "bytes": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+"""A size's units, as DuckDB reads them: ``1GB`` is 10**9 bytes, ``1GiB`` 2**30; none: bytes."""
+_SIZE = re.compile(rf"(?i)(\d+(?:\.\d+)?)\s*({'|'.join(sorted(_UNITS, key=len, reverse=True))})?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,16 +155,12 @@ def _size(setting: Setting[Any, Any], text: str) -> str:
     return value
 
 
-_UNITS = {"": 1, "b": 1, "bytes": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
-
-
 def size_bytes(text: str) -> int:
-    """Bytes of a ``size`` setting's value (:data:`_SIZE`), as DuckDB reads it: ``1GB`` is 10**9
-    bytes, ``1GiB`` 2**30."""
-    value = text.strip()
-    number = value.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ").strip()
-    return int(float(number) * _UNITS[value[len(number) :].strip().lower()])
+    """Bytes of a ``size`` setting's value (:data:`_SIZE`, in :data:`_UNITS`)."""
+    found = _SIZE.fullmatch(text.strip())
+    if found is None:
+        raise ValueError(f"expected a size such as 1GB or 512MiB, got {text!r}")
+    return int(float(found[1]) * (_UNITS[found[2].lower()] if found[2] else 1))
 
 
 def _list(setting: Setting[Any, Any], text: str) -> tuple[str, ...]:

@@ -21,7 +21,7 @@ import pandas as pd
 import tomli_w
 
 from treellm.analysis.filters import Filters
-from treellm.analysis.measures import CALLS_SQL
+from treellm.analysis.measures import CALLS_SQL, REPEATS_SQL
 from treellm.shell import DEFAULT_SHELL_TOOLS
 from treellm.store.backend import StoreConnection, as_connection
 
@@ -80,7 +80,7 @@ def _samples(con: StoreConnection, f: Filters) -> pd.DataFrame:
     return as_connection(con).df(
         f"""SELECT c.tool AS tool, c.outcome AS outcome, c.productive AS productive, c.ordinal AS ordinal,
                    c.result_chars AS result_chars
-            FROM repeat_outcomes c WHERE {where}""",
+            FROM ({REPEATS_SQL.format(where=where)}) c""",
         params,
     )
 

@@ -795,8 +795,9 @@ def _load_jsonl(
     holds much else)."""
     con = open_store(db, retries=retries)
     try:
-        share = duckdb_share(settings.size_bytes(MEMORY_LIMIT), _resident_bytes()) // 2**20
-        limit = f"{share}MiB" if bound_process else MEMORY_LIMIT
+        limit = MEMORY_LIMIT
+        if bound_process:
+            limit = f"{duckdb_share(settings.size_bytes(MEMORY_LIMIT), _resident_bytes()) // 2**20}MiB"
         con.execute(f"SET memory_limit = '{limit}'")
         con.execute("SET preserve_insertion_order = false")
         con.execute(MACROS)
