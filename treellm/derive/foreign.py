@@ -64,6 +64,7 @@ import orjson
 import pandas as pd
 
 from treellm import settings
+from treellm.derive import trees_sql
 from treellm.derive.trees import Placement, SpanFacts, place_traces
 from treellm.engine import repeats
 from treellm.engine.tools import result_hash
@@ -437,7 +438,7 @@ Python holds one batch's rows and placements at a time, whatever the file."""
 _PLACE_BATCHES = f"""
 CREATE OR REPLACE TEMP TABLE place_batches AS
 SELECT trace_id, (sum(n) OVER (ORDER BY trace_id ROWS UNBOUNDED PRECEDING) - n) // {_PLACE_SPANS} AS batch
-FROM (SELECT trace_id, count(*) AS n FROM place_rows GROUP BY trace_id)
+FROM (SELECT trace_id, count(*) AS n FROM place_rows ANTI JOIN flat_traces USING (trace_id) GROUP BY trace_id)
 """
 _TRACE_SPANS = "SELECT * FROM place_rows WHERE trace_id IN (SELECT trace_id FROM place_batches WHERE batch = $batch)"
 _PLACED_TABLE = """
@@ -657,14 +658,52 @@ def _record_placed(
 
 
 def _place(con: duckdb.DuckDBPyConnection) -> None:
-    """Runs, trees and ordinals of the traces of ``foreign_in``, a batch of whole traces at a time."""
+    """Runs, trees and ordinals of the traces of ``foreign_in``: the flat ones in SQL, all at once
+    (:mod:`treellm.derive.trees_sql`), the others in Python, a batch of whole traces at a time."""
     con.execute(_PLACE_ROWS)
+    if SET_BASED:
+        _place_flat(con)
+    else:
+        con.execute("CREATE OR REPLACE TEMP TABLE flat_traces (trace_id VARCHAR)")
     con.execute(_PLACE_BATCHES)
     batches = [batch for (batch,) in con.execute("SELECT DISTINCT batch FROM place_batches ORDER BY 1").fetchall()]
     for batch in batches:
         _place_batch(con, int(batch))
-    con.execute("DROP TABLE place_batches; DROP TABLE place_rows")
+    con.execute("DROP TABLE place_batches; DROP TABLE place_rows; DROP TABLE flat_traces")
     con.execute(_UPDATE_STORED)
+
+
+SET_BASED = True
+"""Whether flat traces are placed in SQL (:mod:`treellm.derive.trees_sql`); False places every
+trace in Python, which a test compares against."""
+
+
+def _place_flat(con: duckdb.DuckDBPyConnection) -> None:
+    """The placement of the flat traces of ``place_rows`` (:mod:`treellm.derive.trees_sql`), written
+    into ``foreign_placed``; ``flat_traces`` names them, for the Python placement to leave alone.
+    Each distinct call key and targets text is derived once, in Python."""
+    con.execute(trees_sql.FLAT_TRACES)
+    pairs = con.execute(trees_sql.KEY_INPUTS).fetchall()
+    derived = [_stored_key(tool, args) for tool, args in pairs]
+    kept = [targets for (targets,) in con.execute(trees_sql.KEPT_TARGETS).fetchall()]
+    frames = {
+        "flat_keys": _frame(
+            {
+                "k_tool": [tool for tool, _ in pairs],
+                "k_args": [args for _, args in pairs],
+                "k_digest": [digest for digest, _ in derived],
+                "k_targets": [targets for _, targets in derived],
+                "k_changes": np.array([_targets(targets).changes_state for _, targets in derived], dtype=bool),
+            }
+        ),
+        "flat_kept": _frame(
+            {"t_targets": kept, "t_changes": np.array([_targets(t).changes_state for t in kept], dtype=bool)}
+        ),
+    }
+    with frames_as_tables(con, **frames):
+        con.execute(trees_sql.FLAT_KEYED)
+    con.execute(trees_sql.FLAT_PLACED.format(kept=EARLIER_KEPT))
+    con.execute("DROP TABLE flat_rows")
 
 
 def _place_batch(con: duckdb.DuckDBPyConnection, batch: int) -> None:
