@@ -34,6 +34,7 @@ Pure: no I/O, no clocks, no globals. Thread-safe because nothing mutates.
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -101,7 +102,11 @@ class _Write:
     before: _Write | None
 
 
+@functools.lru_cache(maxsize=65_536)
 def _touches(writes: frozenset[str], reads: frozenset[str]) -> bool:
+    """Whether a write to ``writes`` can change a read of ``reads`` (pure, memoised: a long run
+    asks it of the same few files' sets again and again, and a count walks back over every state
+    change since its key's first call)."""
     return any(paths_overlap(w, r) for w in writes for r in reads)
 
 

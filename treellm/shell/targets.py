@@ -33,6 +33,7 @@ runtime calls it once per distinct command (callers cache by text).
 
 from __future__ import annotations
 
+import functools
 import posixpath
 import re
 from collections.abc import Sequence
@@ -119,6 +120,7 @@ def _join(directory: str, relative: str) -> str:
     return directory + relative if directory.endswith("/") else f"{directory}/{relative}"
 
 
+@functools.lru_cache(maxsize=65_536)
 def _parts(path: str) -> tuple[bool, tuple[str, ...]]:
     return path.startswith("/"), tuple(p for p in path.split("/") if p and p != ".")
 
