@@ -102,7 +102,7 @@ class _Write:
     before: _Write | None
 
 
-@functools.lru_cache(maxsize=65_536)
+@functools.lru_cache(maxsize=4096)
 def _touches(writes: frozenset[str], reads: frozenset[str]) -> bool:
     """Whether a write to ``writes`` can change a read of ``reads`` (pure, memoised: a long run
     asks it of the same few files' sets again and again, and a count walks back over every state

@@ -120,7 +120,7 @@ def _join(directory: str, relative: str) -> str:
     return directory + relative if directory.endswith("/") else f"{directory}/{relative}"
 
 
-@functools.lru_cache(maxsize=65_536)
+@functools.lru_cache(maxsize=4096)
 def _parts(path: str) -> tuple[bool, tuple[str, ...]]:
     return path.startswith("/"), tuple(p for p in path.split("/") if p and p != ".")
 
