@@ -26,9 +26,11 @@ Contract (the definitions of ``docs/architecture.md``):
   structure), so sibling branches extend one parent independently and a deep
   path costs no more per step than a shallow one. ``count`` looks back over the
   writes with known targets made since the key's first call (each compared
-  once), stopping at the first that touches what the key reads.
+  once, the answer for a pair of path sets memoised), stopping at the first that
+  touches what the key reads.
 
-Pure: no I/O, no clocks, no globals. Thread-safe because nothing mutates.
+Pure: no I/O, no clocks, no state but the memo of a pure function (``lru_cache``,
+thread-safe). Thread-safe because nothing else mutates.
 """
 
 from __future__ import annotations

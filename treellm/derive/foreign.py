@@ -89,8 +89,10 @@ DEFAULT_INTERNAL = frozenset(conventions.DEFAULT_INTERNAL_TOOLS)
 _DEFAULT_RULE = repeats.ToolRule()
 """Other frameworks' calls are judged by the default rule: the shell classifier for shell
 tools, the default failure patterns on results (``docs/architecture.md``)."""
-_FOREIGN_OPERATIONS = {"tool": "execute_tool", "llm": "chat", "agent": "invoke_agent", "workflow": "invoke_workflow"}
-_ROLES = {operation: role for role, operation in _FOREIGN_OPERATIONS.items()}
+_ROLES = {operation: role for role, operation in trees_sql.ROLE_OPERATIONS.items()}
+_OPERATION_OF_ROLE = " ".join(
+    f"WHEN '{role}' THEN '{operation}'" for role, operation in trees_sql.ROLE_OPERATIONS.items()
+)
 _CAUGHT = "loop:detected"
 
 
@@ -274,7 +276,7 @@ def _frame(columns: dict[str, Any]) -> pd.DataFrame:
 
 
 _TOOL_ROWS = "FROM foreign_in i JOIN foreign_roles r USING (role_key) WHERE r.role = 'tool' AND NOT i.caught"
-_FOREIGN_ANSWERS = """
+_FOREIGN_ANSWERS = f"""
 CREATE OR REPLACE TEMP TABLE foreign_answers AS
     WITH x AS (
         SELECT i.*, r.family,
@@ -284,8 +286,7 @@ CREATE OR REPLACE TEMP TABLE foreign_answers AS
         LEFT JOIN foreign_tools s ON r.role = 'tool' AND s.tool_key = i.tool_key
     )
     SELECT x.trace_id, x.span_id, coalesce(x.family, 'otel') AS convention,
-           CASE x.role WHEN 'tool' THEN 'execute_tool' WHEN 'llm' THEN 'chat' WHEN 'agent' THEN 'invoke_agent'
-                       WHEN 'workflow' THEN 'invoke_workflow' END AS operation,
+           CASE x.role {_OPERATION_OF_ROLE} END AS operation,
            t.tool_name,
            CASE WHEN x.role = 'tool' THEN coalesce(x.call_first, o.envelope_id, a.argument_id) END AS tool_call_id,
            a.arguments, o.result, g.signature,

@@ -28,25 +28,30 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["FLAT_KEYED", "FLAT_PLACED", "FLAT_TRACES", "KEPT_TARGETS", "KEY_INPUTS"]
+__all__ = ["FLAT_KEYED", "FLAT_PLACED", "FLAT_TRACES", "KEPT_TARGETS", "KEY_INPUTS", "ROLE_OPERATIONS"]
 
-_INVOKES = "('invoke_agent', 'invoke_workflow')"
+ROLE_OPERATIONS: Final = {"tool": "execute_tool", "llm": "chat", "agent": "invoke_agent", "workflow": "invoke_workflow"}
+"""The ``operation`` stored for each role of other frameworks' spans; the placement reads a span's
+role back from it (any other operation: ``other``)."""
+_INVOKES = f"('{ROLE_OPERATIONS['agent']}', '{ROLE_OPERATIONS['workflow']}')"
 _ROLE = (
-    "CASE operation WHEN 'execute_tool' THEN 'tool' WHEN 'chat' THEN 'llm' WHEN 'invoke_agent' THEN 'agent' "
-    "WHEN 'invoke_workflow' THEN 'workflow' ELSE 'other' END"
+    "CASE operation "
+    + " ".join(f"WHEN '{operation}' THEN '{role}'" for role, operation in ROLE_OPERATIONS.items())
+    + " ELSE 'other' END"
 )
 """A span's role as the placement reads it (``foreign._ROLES``)."""
-_NAMED_AGENT = "operation = 'invoke_agent' AND coalesce(agent_name, '') <> ''"
+_AGENT = f"operation = '{ROLE_OPERATIONS['agent']}'"
 _NO_SUB_AGENT = (
-    f"count(*) FILTER (WHERE parent_span_id IS NOT NULL AND {_NAMED_AGENT}) = 0 "
-    "OR (count(*) FILTER (WHERE parent_span_id IS NULL AND operation = 'invoke_agent') = 1 "
-    "    AND count(*) FILTER (WHERE operation = 'invoke_agent' AND coalesce(agent_name, '') = '') = 0 "
-    "    AND count(DISTINCT agent_name) FILTER (WHERE operation = 'invoke_agent') = 1)"
+    f"count(*) FILTER (WHERE parent_span_id IS NOT NULL AND {_AGENT} AND coalesce(agent_name, '') <> '') = 0 "
+    f"OR (count(*) FILTER (WHERE parent_span_id IS NULL AND {_AGENT}) = 1 "
+    f"    AND count(*) FILTER (WHERE {_AGENT} AND coalesce(agent_name, '') = '') = 0 "
+    f"    AND count(DISTINCT agent_name) FILTER (WHERE {_AGENT}) = 1)"
 )
 """No span below the root starts a path of its own (a sub-agent: an agent span with a name other than
 its enclosing agent's, ``trees._scope_of``): no agent span below the root has a name, or every agent
 span, the root among them, has the root's name."""
-_BARE = "operation = 'execute_tool' AND parent_span_id IS NOT NULL AND NOT starts_with(coalesce(arguments, ''), '{')"
+_TOOL = f"operation = '{ROLE_OPERATIONS['tool']}'"
+_BARE = f"{_TOOL} AND parent_span_id IS NOT NULL AND NOT starts_with(coalesce(arguments, ''), '{{')"
 """A tool call that may take its key from its parent (``foreign._keyed_from_parents``; a superset)."""
 
 FLAT_TRACES: Final = f"""
@@ -69,7 +74,7 @@ SELECT s.trace_id FROM shaped s JOIN (SELECT trace_id, count(*) AS n FROM reache
 """
 """The traces of the flat shape (see the module docstring), but for the state changes (:data:`FLAT_KEYED`)."""
 
-_COUNTED = "operation = 'execute_tool' AND tool_name IS NOT NULL AND NOT internal"
+_COUNTED = f"{_TOOL} AND tool_name IS NOT NULL AND NOT internal"
 _KEPT = "call_digest IS NOT NULL AND call_targets IS NOT NULL"
 _FLAT_ROWS = "FROM place_rows SEMI JOIN flat_traces USING (trace_id)"
 KEY_INPUTS: Final = f"SELECT DISTINCT tool_name, arguments {_FLAT_ROWS} WHERE {_COUNTED} AND NOT ({_KEPT})"
