@@ -6,6 +6,7 @@ roots, calls that change state, bare arguments, no invocation), in one file and 
 
 from __future__ import annotations
 
+import importlib
 import json
 import random
 from pathlib import Path
@@ -251,4 +252,23 @@ def test_a_trace_split_across_ingests_is_placed_again_the_same_way(
     files = [_write(tmp_path / "late.jsonl", first), _write(tmp_path / "roots.jsonl", second)]
     python, sql, flat = _ingest_both(tmp_path, files, monkeypatch)
     assert _stores_equal(python, sql) == len(first) + len(second)
+    assert flat > 0
+
+
+def test_traces_cut_across_the_chunks_of_one_file_are_placed_the_same_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One file in many chunks of one transaction, each trace's spans spread over several of them
+    (the spans shuffled): each chunk places the rows of its traces stored by the chunks before."""
+    ingest_module = importlib.import_module("treellm.store.ingest")
+    monkeypatch.setattr(ingest_module, "CHUNK_BYTES", 48 * 1024)
+    monkeypatch.setattr(ingest_module, "MIN_PIECE_BYTES", 4 * 1024)
+    monkeypatch.setattr(ingest_module, "PIECES_IN_FLIGHT_BYTES", 16 * 1024)
+    traces = _traces(seed=13, count=70)
+    spans = [span for trace in traces for span in trace.spans]
+    random.Random(13).shuffle(spans)
+    file = _write(tmp_path / "shuffled.jsonl", spans)
+    assert file.stat().st_size > 4 * 48 * 1024  # several chunks
+    python, sql, flat = _ingest_both(tmp_path, [file], monkeypatch)
+    assert _stores_equal(python, sql) == len(spans)
     assert flat > 0
