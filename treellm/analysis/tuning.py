@@ -92,13 +92,11 @@ def _by_tool(samples: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 def _afresh(con: StoreConnection, f: Filters) -> dict[str, int]:
     """Per tool: identical calls (same signature in the run as an earlier one) that a state
-    change between made count afresh (ordinal 1): re-runs after a write, not loops."""
+    change between made count afresh (ordinal 1): re-runs after a write, not loops. Counted per
+    run and signature where the data is (the ``call_signatures`` view; a table of ClickHouse's)."""
     where, params = f.where("c")
     frame = as_connection(con).df(
-        f"""SELECT tool, count(*) FILTER (WHERE ordinal = 1 AND seen > 1) AS afresh FROM (
-                SELECT c.tool AS tool, c.ordinal AS ordinal,
-                       row_number() OVER (PARTITION BY c.run_id, c.signature ORDER BY c.start_ns, c.span_id) AS seen
-                FROM ({CALLS_SQL}) c WHERE {where} AND c.signature IS NOT NULL) GROUP BY tool""",
+        f"""SELECT c.tool AS tool, sum(c.afresh) AS afresh FROM call_signatures c WHERE {where} GROUP BY c.tool""",
         params,
     )
     return {str(tool): int(count) for tool, count in zip(frame["tool"], frame["afresh"], strict=True)}
@@ -116,21 +114,16 @@ def _pruned_counts(con: StoreConnection, f: Filters) -> pd.DataFrame:
 
 
 def _single_tool_turns(con: StoreConnection, f: Filters) -> pd.DataFrame:
-    """The turns that call one tool only (a turn: the ThinkNode that asked; a call alone when
-    unknown), counted per tool and smallest ordinal (a missing ordinal counts as 1): ``tool``,
-    ``min_ordinal``, ``turns``. A limit L of tool X ends a branch at a turn when every call of
-    the turn is X with an ordinal above L: the turn calls X only and its smallest ordinal is
-    above L. Every tool's calls make the turns, whatever the tool filter. One tool: its smallest
-    and largest name are one (both ignore a call naming none, as a count of distinct tools would;
-    ClickHouse's exact distinct count took twice as long at 10M spans)."""
-    where, params = f.where("c", tool_column=None)
+    """The turns that call one tool only (the ``call_turns`` view: a turn is the ThinkNode that
+    asked, a call alone when unknown), counted per tool and smallest ordinal (a missing ordinal
+    counts as 1): ``tool``, ``min_ordinal``, ``turns``. A limit L of tool X ends a branch at a turn
+    when every call of the turn is X with an ordinal above L: the turn calls X only and its
+    smallest ordinal is above L. Every tool's calls make the turns, whatever the tool filter. One
+    tool: its smallest and largest name are one."""
+    where, params = f.where("t", tool_column=None)
     return as_connection(con).df(
         f"""SELECT t.first_tool AS tool, t.min_ordinal AS min_ordinal, count(*) AS turns
-            FROM (SELECT c.run_id, coalesce(c.parent_id, c.node_id) AS turn, max(c.tool) AS last_tool,
-                         min(c.tool) AS first_tool, min(coalesce(c.ordinal, 1)) AS min_ordinal
-                  FROM ({CALLS_SQL}) c WHERE {where}
-                  GROUP BY c.run_id, coalesce(c.parent_id, c.node_id)) t
-            WHERE t.first_tool = t.last_tool
+            FROM call_turns t WHERE {where} AND t.first_tool = t.last_tool
             GROUP BY t.first_tool, t.min_ordinal""",
         params,
     )

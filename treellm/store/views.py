@@ -4,11 +4,11 @@ views are generated, and through them ClickHouse's tables.
 Contract:
 
 - :data:`VIEWS` lists ``nodes``, ``tool_calls``, ``loop_events``, ``runs``, ``run_shapes``,
-  ``repeat_outcomes`` and ``repeat_between`` in creation order (each reads only the ones before it). Each view's rows of
-  a trace depend on that trace's spans alone (a run lies in one trace). A :class:`View` is its
-  columns, in order, and the rest of its query: what it reads (``source``: ``FROM ... WHERE
-  ...``) and the common table expressions before it (``head``). A :class:`Column` is its name
-  and its expression.
+  ``repeat_outcomes``, ``repeat_between``, ``call_turns`` and ``call_signatures`` in creation
+  order (each reads only the ones before it). Each view's rows of a trace depend on that trace's
+  spans alone (a run lies in one trace). A :class:`View` is its columns, in order, and the rest
+  of its query: what it reads (``source``: ``FROM ... WHERE ...``) and the common table
+  expressions before it (``head``). A :class:`Column` is its name and its expression.
 - :func:`duckdb_views` is the DDL of the DuckDB store (``schema.VIEWS``: ``CREATE OR REPLACE VIEW``,
   or ``TEMP`` views for a reader of a store that holds another version).
 - ClickHouse runs no copy of them: ``treellm derive`` computes the views' rows of each trace in
@@ -423,7 +423,46 @@ GROUP BY k.run_id, k.trace_id, k.node_id, k.tool""",
 the repeat (its own tool included, when that tool made other calls: a tool that writes too);
 a repeat with none between has no row."""
 
-VIEWS: Final = (NODES, TOOL_CALLS, LOOP_EVENTS, RUNS, RUN_SHAPES, REPEAT_OUTCOMES, REPEAT_BETWEEN)
+CALL_TURNS: Final = View(
+    "call_turns",
+    (
+        *_same("run_id", "trace_id", alias="c"),
+        Column("turn", "coalesce(c.parent_id, c.node_id)"),
+        Column("first_tool", "min(c.tool)"),
+        Column("last_tool", "max(c.tool)"),
+        Column("min_ordinal", "min(coalesce(c.ordinal, 1))"),
+        Column("calls", "count(*)"),
+    ),
+    "FROM calls c GROUP BY c.run_id, c.trace_id, coalesce(c.parent_id, c.node_id)",
+    head=f"WITH calls AS ({CALLS_SQL})\n",
+)
+"""Per turn of a run (the ThinkNode that asked; a call alone when unknown): its smallest and largest
+tool name (one tool when they are equal: a count of distinct tools ignores a call naming none too)
+and its smallest ordinal (a missing one counts as 1). The tuning asks which turns a limit ends
+(``analysis.tuning``); kept per trace by derive, so ClickHouse reads these rows, not every call."""
+
+CALL_SIGNATURES: Final = View(
+    "call_signatures",
+    (
+        *_same("run_id", "trace_id", "tool", "signature", alias="c"),
+        Column("calls", "count(*)"),
+        Column(
+            "afresh",
+            "count(*) FILTER (WHERE c.ordinal = 1) - CASE WHEN "
+            "min(struct_pack(s := c.start_ns, i := c.span_id, one := coalesce(c.ordinal = 1, false))).one "
+            "THEN 1 ELSE 0 END",
+        ),
+    ),
+    "FROM calls c WHERE c.signature IS NOT NULL GROUP BY c.run_id, c.trace_id, c.tool, c.signature",
+    head=f"WITH calls AS ({CALLS_SQL})\n",
+)
+"""Per run and signature (a signature names its tool): its calls, and how many of them a state
+change made count afresh: ordinal 1, though not the run's first call of the signature (by start,
+then span id). Re-runs after a write, not loops (``analysis.tuning``)."""
+
+VIEWS: Final = (
+    NODES, TOOL_CALLS, LOOP_EVENTS, RUNS, RUN_SHAPES, REPEAT_OUTCOMES, REPEAT_BETWEEN, CALL_TURNS, CALL_SIGNATURES
+)  # fmt: skip
 
 
 def duckdb_views(*, temporary: bool = False) -> str:
