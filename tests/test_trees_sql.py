@@ -208,21 +208,37 @@ def _stores_equal(left: Path, right: Path) -> int:
 
 
 def _ingest_both(tmp_path: Path, files: list[Path], monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path, int]:
+    """Each file ingested in turn into two stores: every trace placed in Python (the SQL placement
+    replaced by an empty ``flat_traces``), then as ingest places them. Returns both stores and how
+    many traces the SQL placement took."""
     flat = [0]
-    stores = {}
     placed = foreign._place_flat
+
+    def in_python(con: duckdb.DuckDBPyConnection) -> None:
+        con.execute("CREATE OR REPLACE TEMP TABLE flat_traces (trace_id VARCHAR)")
 
     def counted(con: duckdb.DuckDBPyConnection) -> None:
         placed(con)
         flat[0] += int(con.execute("SELECT count(*) FROM flat_traces").fetchone()[0])  # type: ignore[index]
 
-    monkeypatch.setattr(foreign, "_place_flat", counted)
-    for set_based in (False, True):
-        monkeypatch.setattr(foreign, "SET_BASED", set_based)
-        stores[set_based] = tmp_path / f"store-{set_based}.duckdb"
+    stores = {"python": tmp_path / "store-python.duckdb", "sql": tmp_path / "store-sql.duckdb"}
+    for way, place in (("python", in_python), ("sql", counted)):
+        monkeypatch.setattr(foreign, "_place_flat", place)
         for file in files:
-            ingest(stores[set_based], [file])
-    return stores[False], stores[True], flat[0]
+            ingest(stores[way], [file])
+    return stores["python"], stores["sql"], flat[0]
+
+
+def test_recorded_framework_traces_are_placed_the_same_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real instrumentors' spans (LangGraph graphs, subgraphs and supervisors, Agents SDK
+    handoffs, smolagents managed agents, CrewAI, LlamaIndex, ADK, AutoGen, Strands, any-agent,
+    tau-bench), each file ingested in turn: the same rows both ways, and some traces in SQL."""
+    data = Path(__file__).parent / "data"
+    files = sorted((data / "frameworks").rglob("*.pb")) + sorted((data / "external").glob("*.json"))
+    assert len(files) > 15
+    python, sql, flat = _ingest_both(tmp_path, files, monkeypatch)
+    assert _stores_equal(python, sql) > 1000
+    assert flat > 10
 
 
 def test_flat_traces_placed_in_sql_store_what_python_stores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

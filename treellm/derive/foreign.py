@@ -623,11 +623,7 @@ def _span_facts(spans: dict[str, list[Any]]) -> tuple[list[SpanFacts], dict[tupl
 _RECORD_ROWS = 100_000
 """The placement's answer goes back in frames of at most this many rows: Python never holds more
 of it at once."""
-EARLIER_KEPT: Final = 64
-"""A counted call of another framework stores its most recent earlier identical calls, at most
-this many (``earlier_node_ids``; ``ordinal - 1`` says how many there are): a repeat is judged
-against its chain (``repeat_chain``), so what a loop stores grows with its calls, not with
-their square."""
+EARLIER_KEPT: Final = trees_sql.EARLIER_KEPT
 
 
 def _record_placed(
@@ -662,21 +658,13 @@ def _place(con: duckdb.DuckDBPyConnection) -> None:
     """Runs, trees and ordinals of the traces of ``foreign_in``: the flat ones in SQL, all at once
     (:mod:`treellm.derive.trees_sql`), the others in Python, a batch of whole traces at a time."""
     con.execute(_PLACE_ROWS)
-    if SET_BASED:
-        _place_flat(con)
-    else:
-        con.execute("CREATE OR REPLACE TEMP TABLE flat_traces (trace_id VARCHAR)")
+    _place_flat(con)
     con.execute(_PLACE_BATCHES)
     batches = [batch for (batch,) in con.execute("SELECT DISTINCT batch FROM place_batches ORDER BY 1").fetchall()]
     for batch in batches:
         _place_batch(con, int(batch))
     con.execute("DROP TABLE place_batches; DROP TABLE place_rows; DROP TABLE flat_traces")
     con.execute(_UPDATE_STORED)
-
-
-SET_BASED = True
-"""Whether flat traces are placed in SQL (:mod:`treellm.derive.trees_sql`); False places every
-trace in Python, which a test compares against."""
 
 
 def _place_flat(con: duckdb.DuckDBPyConnection) -> None:
@@ -703,7 +691,7 @@ def _place_flat(con: duckdb.DuckDBPyConnection) -> None:
     }
     with frames_as_tables(con, **frames):
         con.execute(trees_sql.FLAT_KEYED)
-    con.execute(trees_sql.FLAT_PLACED.format(kept=EARLIER_KEPT))
+    con.execute(trees_sql.FLAT_PLACED)
     con.execute("DROP TABLE flat_rows")
 
 

@@ -28,7 +28,13 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["FLAT_KEYED", "FLAT_PLACED", "FLAT_TRACES", "KEPT_TARGETS", "KEY_INPUTS", "ROLE_OPERATIONS"]
+__all__ = ["EARLIER_KEPT", "FLAT_KEYED", "FLAT_PLACED", "FLAT_TRACES", "KEPT_TARGETS", "KEY_INPUTS", "ROLE_OPERATIONS"]
+
+EARLIER_KEPT: Final = 64
+"""A counted call of another framework stores its most recent earlier identical calls, at most
+this many (``earlier_node_ids``; ``ordinal - 1`` says how many there are): a repeat is judged
+against its chain (``repeat_chain``), so what a loop stores grows with its calls, not with
+their square."""
 
 ROLE_OPERATIONS: Final = {"tool": "execute_tool", "llm": "chat", "agent": "invoke_agent", "workflow": "invoke_workflow"}
 """The ``operation`` stored for each role of other frameworks' spans; the placement reads a span's
@@ -123,7 +129,7 @@ counted AS (
            CASE WHEN counted THEN row_number() OVER chain END AS nth,
            CASE WHEN counted THEN first_value(span_id) OVER chain END AS first_id,
            CASE WHEN counted
-                THEN list(span_id) OVER (chain ROWS BETWEEN {{kept}} PRECEDING AND 1 PRECEDING) END AS earlier
+                THEN list(span_id) OVER (chain ROWS BETWEEN {EARLIER_KEPT} PRECEDING AND 1 PRECEDING) END AS earlier
     FROM ordered
     WINDOW chain AS (PARTITION BY trace_id, counted, tool_name, digest ORDER BY {_ORDER})
 )
@@ -144,5 +150,5 @@ SELECT trace_id, span_id, trace_id || ':' || root_id AS run_id,
 FROM counted
 """
 """The placement of every span of the flat traces (see the module docstring), as
-:func:`treellm.derive.trees.place_trace` answers it; ``{kept}`` is how many earlier calls a call
-keeps (``foreign.EARLIER_KEPT``)."""
+:func:`treellm.derive.trees.place_trace` answers it, a counted call keeping its last
+:data:`EARLIER_KEPT` earlier ids."""
