@@ -394,3 +394,59 @@ def test_a_span_the_validator_refuses_is_reported_never_skipped_in_silence(conne
     bad = [b for p in passes for b in p.bad_records]
     assert len(bad) == 1 and "trace" in bad[0].reason.lower()
     assert sum(p.spans for p in passes) == len(rows) and underived(ch) == 0  # recorded: not derived again
+
+
+def _parts(ch: ClickHouseConnection) -> dict[str, int]:
+    found = ch.df(
+        f"SELECT table, count() AS n FROM system.parts WHERE database = '{ch.database}' AND active GROUP BY table"
+    )
+    return dict(zip(found["table"], found["n"], strict=True))
+
+
+def test_a_worker_merges_its_tables_once_idle_at_most_every_compact_every_s(
+    connect: Connect, duck_samples: Any
+) -> None:
+    """The views read the tables FINAL, which merges parts at every read unless there is one:
+    a worker merges them when nothing is due and ``compact_every_s`` of its clock have passed
+    since the last merge, and never when nothing new was derived."""
+    ch = connect("compact", None)
+    rows = [row for path in SAMPLES for row in file_rows(path)]
+    traces = sorted({r["TraceId"] for r in rows})
+    first, second = set(traces[: len(traces) // 2]), set(traces[len(traces) // 2 :])
+    insert(ch, [r for r in rows if r["TraceId"] in first])
+    now = [0.0]
+    merges: list[tuple[str, ...]] = []
+    seen: list[tuple[int, dict[str, int]]] = []
+
+    def sleep(_: float) -> None:  # the worker is idle: what it merged so far, then the next step
+        seen.append((len(merges), _parts(ch)))
+        if len(seen) == 1:
+            insert(ch, [r for r in rows if r["TraceId"] in second])  # more arrives: a second pass
+        elif len(seen) == 2:
+            now[0] = 150.0  # the interval has passed: merged before the next sleep
+        elif len(seen) == 3:
+            now[0] = 400.0  # nothing new since: nothing merged again
+
+    run_derive(ch, wait_s=0, sleep=sleep, stop=lambda: len(seen) >= 4, compact_every_s=100.0,
+               compacted=merges.append, clock=lambda: now[0])  # fmt: skip
+    assert [count for count, _ in seen] == [0, 0, 1, 1]
+    assert max(seen[1][1].values()) > 1 or merges[0] == ()  # two inserts each (unless ClickHouse merged first)
+    assert set(merges[0]) <= set(seen[1][1]) and all(n == 1 for n in seen[2][1].values())
+    assert A.report(ch) == A.report(duck_samples)
+    assert A.tune(ch) == A.tune(duck_samples)
+
+
+def test_derive_once_merges_at_its_end_unless_told_never(connect: Connect) -> None:
+    rows = [row for path in SAMPLES for row in file_rows(path)]
+    merged: list[tuple[str, ...]] = []
+    never = connect("nomerge", None)
+    insert(never, rows)
+    run_derive(never, wait_s=0, once=True, batch_spans=100, compact_every_s=0, compacted=merged.append)
+    assert merged == []
+    ch = connect("merge", None)
+    insert(ch, rows)
+    passes = run_derive(ch, wait_s=0, once=True, batch_spans=100, compacted=merged.append)
+    assert len(passes) > 1 and len(merged) == 1  # several passes, one merge at the end
+    assert all(n == 1 for n in _parts(ch).values())
+    again = run_derive(ch, wait_s=0, once=True, compacted=merged.append)
+    assert sum(p.traces for p in again) == 0 and len(merged) == 1  # nothing new: nothing merged

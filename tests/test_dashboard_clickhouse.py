@@ -293,6 +293,15 @@ def test_the_dashboard_command_passes_the_clickhouse_url_and_table(
     assert command[-1] == TABLE and "TREELLM_DASHBOARD_DB" not in env
     command, env, _ = _dashboard_command(build_parser().parse_args(["dashboard", "--db", "x.duckdb"]))
     assert "--clickhouse-table" not in command and env["TREELLM_DASHBOARD_DB"].endswith("x.duckdb")
+    assert command[1:4] == ["-m", "dashboard.serve", "run"]  # the pages' modules imported before it serves
+
+
+def test_the_server_imports_what_the_source_needs_before_it_serves() -> None:
+    from dashboard.serve import PRELOADED, preload
+
+    assert preload({}) == PRELOADED
+    assert preload({"TREELLM_CLICKHOUSE": "http://localhost:8123"}) == (*PRELOADED, "treellm.store.clickhouse")
+    assert preload({"TREELLM_CLICKHOUSE": "chdb:/data"})[-2:] == ("treellm.store.clickhouse", "chdb")
 
 
 def test_treellm_dashboard_clickhouse_in_a_real_browser(stores: tuple[Path, str], tmp_path: Path) -> None:

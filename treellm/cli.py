@@ -249,7 +249,7 @@ def _dashboard_command(args: argparse.Namespace) -> tuple[list[str], dict[str, s
     env["STREAMLIT_BROWSER_GATHER_USAGE_STATS"] = "false"
     app = Path(dashboard.__file__).resolve().parent / "app.py"
     command = [
-        sys.executable, "-m", "streamlit", "run", str(app),
+        sys.executable, "-m", "dashboard.serve", "run", str(app),
         "--server.address", args.host, "--server.port", str(args.port), "--server.headless", "true",
         "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none", "--global.developmentMode", "false",
         "--theme.base", "light", *script_args,
@@ -446,6 +446,24 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _derive_options(args: argparse.Namespace) -> tuple[float, tuple[str, int] | None]:
+    """``derive``'s checked options: (--compact-every in seconds, the /health address or None)."""
+    from treellm.store.clickhouse_derive import COMPACT_EVERY_S
+
+    compact_every = COMPACT_EVERY_S if args.compact_every is None else args.compact_every
+    if args.wait < 0 or args.interval < 0 or compact_every < 0:
+        raise ConfigError(
+            "expected --wait, --interval and --compact-every of 0 seconds or more, got "
+            f"{args.wait}, {args.interval} and {compact_every}"
+        )
+    if not args.health:
+        return compact_every, None
+    host, _, port = args.health.rpartition(":")
+    if not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"expected --health as [HOST:]PORT, such as 9464 or 0.0.0.0:9464, got {args.health!r}")
+    return compact_every, (host or "127.0.0.1", int(port))
+
+
 def _cmd_derive(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -453,15 +471,8 @@ def _cmd_derive(args: argparse.Namespace) -> int:
     from treellm.store.clickhouse_derive import DeriveHealth, DeriveReport, parse_shard, run_derive, serve_health
 
     shard = parse_shard(args.shard)
-    if args.wait < 0 or args.interval < 0:
-        raise ConfigError(f"expected --wait and --interval of 0 seconds or more, got {args.wait} and {args.interval}")
+    compact_every, address = _derive_options(args)
     health = DeriveHealth(shard)
-    address: tuple[str, int] | None = None
-    if args.health:
-        host, _, port = args.health.rpartition(":")
-        if not port.isdigit() or int(port) > 65535:
-            raise ConfigError(f"expected --health as [HOST:]PORT, such as 9464 or 0.0.0.0:9464, got {args.health!r}")
-        address = (host or "127.0.0.1", int(port))
     ch = open_clickhouse(args.clickhouse, table=args.clickhouse_table, database=args.clickhouse_database)
     # On a terminal a bar of the traces derived against those due, spans/s and the lag, above which
     # each pass prints its line (to stdout: into a pipe when stdout is one); elsewhere only the
@@ -491,6 +502,10 @@ def _cmd_derive(args: argparse.Namespace) -> int:
         for bad in done.bad_records[:20]:
             print(f"treellm: skipped a bad span: {bad.reason}", file=sys.stderr)
 
+    def merged(tables: tuple[str, ...]) -> None:
+        if tables:
+            print(f"treellm: merged the parts of {len(tables)} table(s) in {ch.database}", file=sys.stderr, flush=True)
+
     server = None
     try:
         if address is not None:
@@ -501,7 +516,8 @@ def _cmd_derive(args: argparse.Namespace) -> int:
             where = f"http://{address[0]}:{server.server_address[1]}/health"
             print(f"treellm: derive health on {where}", file=sys.stderr, flush=True)
         with bar:
-            run_derive(ch, shard=shard, wait_s=args.wait, once=args.once, interval_s=args.interval, report=show)
+            run_derive(ch, shard=shard, wait_s=args.wait, once=args.once, interval_s=args.interval, report=show,
+                       compact_every_s=compact_every, compacted=merged)  # fmt: skip
     except KeyboardInterrupt:
         return 130
     finally:
@@ -888,6 +904,11 @@ def _add_data_commands(sub: Any) -> None:
     derive.add_argument(
         "--interval", type=float, default=2.0, metavar="SECONDS",
         help="how long a worker sleeps when nothing is due (default %(default)s)",
+    )  # fmt: skip
+    derive.add_argument(
+        "--compact-every", type=float, metavar="SECONDS",
+        help="once nothing is due, merge the parts of treellm's tables (so reads need not merge them) at most this "
+        "often; --once merges at its end; 0 never (default every 10 minutes)",
     )  # fmt: skip
     derive.add_argument(
         "--health", metavar="[HOST:]PORT",

@@ -176,23 +176,21 @@ def what_if_by_tool_limit(
 
 
 _CAUSES_SQL = """
-SELECT s.tool AS tool, m.mutating AS mutating, count(*) AS n_with,
-       sum(CASE WHEN s.productive THEN 1 ELSE 0 END) AS productive_with
-FROM (SELECT c.run_id AS run_id, c.node_id AS node_id, c.tool AS tool, c.productive AS productive
-      FROM repeat_outcomes c WHERE {where} AND c.outcome != 'unknown') s
-JOIN (SELECT b.run_id AS run_id, b.node_id AS node_id, {each} AS mutating FROM repeat_between b) m
-  ON m.run_id = s.run_id AND m.node_id = s.node_id
-GROUP BY s.tool, m.mutating"""
+SELECT m.tool AS tool, m.mutating AS mutating, count(*) AS n_with,
+       sum(CASE WHEN m.productive THEN 1 ELSE 0 END) AS productive_with
+FROM (SELECT b.tool AS tool, b.productive AS productive, {each} AS mutating
+      FROM repeat_between b WHERE {where} AND b.outcome != 'unknown') m
+GROUP BY m.tool, m.mutating"""
 """Per tool and each tool M whose other calls succeeded between a repeat and its twin (the
-store's ``repeat_between``): the tool's repeats with a known outcome that had M between
-(``n_with``), and how many of them were productive. ``{each}`` unnests the list: DuckDB's
-``unnest``, ClickHouse's ``arrayJoin``."""
+store's ``repeat_between``, which carries each repeat's outcome): the tool's repeats with a
+known outcome that had M between (``n_with``), and how many of them were productive. ``{each}``
+unnests the list: DuckDB's ``unnest``, ClickHouse's ``arrayJoin``."""
 
 
 def _causes(con: StoreConnection, f: Filters) -> pd.DataFrame:
     """:data:`_CAUSES_SQL` over the filtered data, counted where the data is."""
     engine = as_connection(con)
-    where, params = f.where("c")
+    where, params = f.where("b")
     each = "arrayJoin(b.tools)" if engine.dialect == "clickhouse" else "unnest(b.tools)"
     return engine.df(_CAUSES_SQL.format(where=where, each=each), params)
 

@@ -346,6 +346,22 @@ class ClickHouseConnection:
             if name not in have:
                 self._command(f"ALTER TABLE {self.database}.{table} ADD COLUMN IF NOT EXISTS `{name}` {kind}")
 
+    def compact(self) -> tuple[str, ...]:
+        """Merge each of treellm's tables in :attr:`database` that holds more than one active part
+        into one (``OPTIMIZE TABLE ... FINAL``), and return their names. The views read the tables
+        ``FINAL``; over one merged part ClickHouse reads without merging, which at 10M spans made
+        the dashboard's first page's queries 1.9 s -> 1.1 s. Over several parts (every insert adds
+        one, and trace ids spread each over the whole key) every read merges them again."""
+        found = self._rows(
+            "SELECT table, count() AS parts FROM system.parts WHERE database = ? AND active AND has(?, table) "
+            "GROUP BY table HAVING parts > 1 ORDER BY table",
+            [self.database, list(TABLE_NAMES)],
+        )
+        merged = tuple(str(name) for name in found["table"])
+        for name in merged:
+            self._command(f"OPTIMIZE TABLE {self.derived(name)} FINAL SETTINGS optimize_skip_merged_partitions = 1")
+        return merged
+
     def derived(self, name: str) -> str:
         """The qualified name of one of treellm's tables (:data:`TABLE_NAMES`)."""
         if name not in TABLE_NAMES:

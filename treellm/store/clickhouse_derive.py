@@ -59,9 +59,10 @@ from treellm.store.scratch import scratch_folder
 from treellm.telemetry import semconv as sc
 
 __all__ = [
-    "MAX_TRACES", "DeriveHealth", "DeriveReport", "Shard", "current_schema", "derive_once", "derive_rows_sql",
-    "derive_traces", "events_sql", "otlp_lines_sql", "parse_shard", "record_traces", "run_derive", "serve_health",
-    "timestamp_sql", "trace_counts_sql", "underived", "view_rows_sql", "write_derived",
+    "COMPACT_EVERY_S", "MAX_TRACES", "DeriveHealth", "DeriveReport", "Shard", "current_schema", "derive_once",
+    "derive_rows_sql", "derive_traces", "events_sql", "otlp_lines_sql", "parse_shard", "record_traces",
+    "run_derive", "serve_health", "timestamp_sql", "trace_counts_sql", "underived", "view_rows_sql",
+    "write_derived",
 ]  # fmt: skip
 
 BATCH_SPANS: Final = 100_000
@@ -70,6 +71,9 @@ MAX_TRACES: Final = 5000
 """The most traces one pass reads: their ids travel as one array parameter (a server's HTTP
 query string holds it; ClickHouse caps a URI at 1 MiB by default)."""
 DEFAULT_WAIT_S: Final = 10.0
+COMPACT_EVERY_S: Final = 600.0
+"""How often a continuous worker, once nothing is due, merges the parts of treellm's tables
+(:meth:`~treellm.store.clickhouse.ClickHouseConnection.compact`); ``--once`` merges at its end."""
 _INSERT_ROWS: Final = 5000
 _LEGACY_PREFIX: Final = "treellm.derived."  # what ingest --clickhouse wrote into otel_traces before 0.x
 
@@ -500,12 +504,29 @@ def run_derive(
     report: Callable[[DeriveReport], None] | None = None,
     stop: Callable[[], bool] = lambda: False,
     sleep: Callable[[float], None] = time.sleep,
+    compact_every_s: float = COMPACT_EVERY_S,
+    compacted: Callable[[tuple[str, ...]], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> list[DeriveReport]:
     """Derive until nothing is due (``once``: every due trace, then return), or forever, sleeping
     ``interval_s`` when a scan found nothing ready, until ``stop()``. Each scan of the spans table
     feeds as many passes as its ready traces need (one scan, not one per pass). ``report`` sees
-    each pass; the passes are returned (``once``) or the last one (continuous)."""
+    each pass; the passes are returned (``once``) or the last one (continuous).
+
+    Once something was derived and nothing is due, treellm's tables are merged into one part
+    each (:meth:`ClickHouseConnection.compact`, whose merged tables ``compacted`` sees): at the
+    end of ``once``, and in a continuous worker at most every ``compact_every_s`` seconds of
+    ``clock`` (0: never), so the dashboard's reads do not merge parts again and again."""
     passes: list[DeriveReport] = []
+    last_compact, dirty = clock(), False
+
+    def compact() -> None:
+        nonlocal last_compact, dirty
+        merged = ch.compact()
+        last_compact, dirty = clock(), False
+        if compacted is not None:
+            compacted(merged)
+
     while not stop():
         found = 0
         for done in _passes(ch, shard, wait_s, batch_spans, None, limit=None):
@@ -515,12 +536,17 @@ def run_derive(
                 report(done)
             passes = [*passes, done] if once else [done]
             found += done.traces
+            dirty = dirty or done.spans > 0
             if stop():
                 break
         if once and not found:
             break
         if not found:
+            if dirty and compact_every_s > 0 and clock() - last_compact >= compact_every_s:
+                compact()
             sleep(interval_s)
+    if once and dirty and compact_every_s > 0 and not stop():
+        compact()
     return passes
 
 

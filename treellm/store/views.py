@@ -409,19 +409,20 @@ followed a failure or brought a result none of its earlier calls had; unknown wi
 REPEAT_BETWEEN: Final = View(
     "repeat_between",
     (
-        *_same("run_id", "trace_id", "node_id", "tool", alias="k"),
+        *_same("run_id", "trace_id", "node_id", "tool", "outcome", "productive", alias="k"),
         Column("tools", "list(DISTINCT c.tool ORDER BY c.tool)"),
     ),
     """FROM repeat_outcomes k
 JOIN calls e ON e.run_id = k.run_id AND e.node_id = k.last_earlier
 JOIN calls c ON c.run_id = k.run_id AND c.start_ns > e.start_ns AND c.start_ns < k.start_ns
             AND c.status = 'completed' AND c.signature IS DISTINCT FROM k.signature
-GROUP BY k.run_id, k.trace_id, k.node_id, k.tool""",
+GROUP BY k.run_id, k.trace_id, k.node_id, k.tool, k.outcome, k.productive""",
     head=f"WITH calls AS ({CALLS_SQL})\n",
 )
 """Per repeat with an earlier twin, the tools whose other calls succeeded between the twin and
-the repeat (its own tool included, when that tool made other calls: a tool that writes too);
-a repeat with none between has no row."""
+the repeat (its own tool included, when that tool made other calls: a tool that writes too),
+with the repeat's outcome; a repeat with none between has no row. The tuning weighs these rows
+alone (``analysis.tuning``), so ClickHouse keeps them per trace and joins nothing at read time."""
 
 CALL_TURNS: Final = View(
     "call_turns",
