@@ -16,9 +16,10 @@ chDB / DuckDB measured in the same run. ``totals`` and ``report`` are checked eq
 are copied K-1 more times inside ClickHouse, each copy's trace and run ids suffixed (``INSERT
 ... SELECT``, into a database of its own), so they hold K times the spans, runs and calls; each
 function is timed again over them (no DuckDB beside it: the figures to hold are absolute, report
-<= 5 s at 10M spans), after merging their parts as a derive pass does at its end. Deriving 10M
-spans through one worker would take K times the derive time above; the derive throughput per
-worker is the figure measured above.
+<= 5 s at 10M spans), as the copies left them (several parts a table) and after merging their
+parts as a derive pass does at its end, side by side. Deriving 10M spans through one worker
+would take K times the derive time above; the derive throughput per worker is the figure
+measured above.
 """
 
 from __future__ import annotations
@@ -77,8 +78,8 @@ def copy_derived(ch: ClickHouseConnection, target: str, copies: int) -> None:
     for table in (DERIVED_SPANS, *DERIVED_VIEWS.values()):
         columns = list(ch.df(f"SELECT name FROM system.columns WHERE database = '{ch.database}' AND table = '{table}' "
                              "ORDER BY position")["name"])  # fmt: skip
-        ch.command(f"CREATE TABLE IF NOT EXISTS {target}.{table} AS {ch.database}.{table}")
-        ch.command(f"TRUNCATE TABLE {target}.{table}")
+        ch.command(f"DROP TABLE IF EXISTS {target}.{table} SYNC")  # columns as the source's, now
+        ch.command(f"CREATE TABLE {target}.{table} AS {ch.database}.{table}")
         for k in range(copies):
             suffix = f"'-{k}'" if k else "''"
             values = ", ".join(
@@ -147,16 +148,21 @@ def scaled(ch: ClickHouseConnection, url: str, copies: int, repeats: int) -> Non
     copy_derived(ch, target, copies)
     print(f"\ncopied treellm's derived tables {copies} times in {time.perf_counter() - t0:.1f} s")
     big = open_clickhouse(url, database=target)
-    t0 = time.perf_counter()
-    merged = big.compact()  # as a derive pass does at its end
-    print(f"merged the parts of {len(merged)} table(s) in {time.perf_counter() - t0:.1f} s")
     rows = int(big.df("SELECT count() AS n FROM spans")["n"][0])
     print(f"{rows:,} spans, {int(big.df('SELECT count() AS n FROM runs')['n'][0]):,} runs in chDB ({target})")
-    print(f"{'function':26} {'result':>12} {'chDB s':>9}")
+    timed = {}
+    for name, _target, _label in FUNCTIONS:
+        function = getattr(analysis, name)
+        timed[name] = median_time(lambda function=function: function(big), repeats)[0]
+    t0 = time.perf_counter()
+    merged = big.compact()  # as a derive pass does at its end
+    print(f"merged the parts of {len(merged)} table(s) in {time.perf_counter() - t0:.1f} s; each function before "
+          "and after (the copies' inserts left several parts a table)")  # fmt: skip
+    print(f"{'function':26} {'result':>12} {'parts s':>9} {'merged s':>9} {'ratio':>7}")
     for name, _target, _label in FUNCTIONS:
         function = getattr(analysis, name)
         c_s, result = median_time(lambda function=function: function(big), repeats)
-        print(f"{name:26} {size_of(result):>12} {c_s:9.3f}")
+        print(f"{name:26} {size_of(result):>12} {timed[name]:9.3f} {c_s:9.3f} {c_s / timed[name]:7.2f}")
 
 
 if __name__ == "__main__":

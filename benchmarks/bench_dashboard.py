@@ -8,7 +8,10 @@ Streamlit reruns the script; the data cache is cleared between stores by restart
 server), of the time from navigation until the page is interactive: its key text is shown,
 no skeleton (a still-loading element) is left and Streamlit's "running" indicator is gone.
 The same page on the sample store is measured beside it. Target: <= 3 s each on 1M spans.
-The first load after a server start (cold cache) is reported apart from the median.
+The first load after a server start (cold cache) is reported apart from the median and held to
+the same 3 s. The time from the server's start until its health check answers is printed too:
+the server imports the pages' modules before it serves (``dashboard.serve``), so that cost
+moved there from the first load.
 
 With ``--clickhouse``, the big store is that ClickHouse source instead (for example the chDB
 folder and the 10x database that ``bench_clickhouse.py --copies 10 --keep DIR`` leaves).
@@ -92,7 +95,9 @@ def measure(source: list[str], loads: int, pages: list[str]) -> dict[str, tuple[
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
+    t0 = time.perf_counter()
     server, url = _serve(source)
+    print(f"  server up (health answers) {time.perf_counter() - t0:.2f}s after its start", flush=True)
     out = {}
     try:
         with sync_playwright() as p:
@@ -139,7 +144,7 @@ def main() -> None:
     for page in on_small:
         _, s = on_small[page]
         b_first, b = on_big[page]
-        verdict = "met" if b <= 3 else "MISSED"
+        verdict = "met" if b <= 3 and b_first <= 3 else "MISSED" if b > 3 else "first load MISSED"
         print(f"{page:10} {s:12.2f}s {b:9.2f}s {b / s:7.2f} {b_first:13.2f}s  {verdict}")
 
 
