@@ -278,6 +278,8 @@ def test_the_derive_command_and_the_reports_warning(
     for bad in ("nine", "host:99999"):
         assert main(["derive", *options, "--once", "--health", bad]) == 1
         assert "expected --health as [HOST:]PORT" in capsys.readouterr().err
+    assert main(["derive", *options, "--once", "--compact-every", "-1"]) == 1
+    assert "expected --wait, --interval and --compact-every of 0 seconds or more" in capsys.readouterr().err
 
 
 def test_derive_draws_its_bar_on_a_terminal_above_the_pass_lines(
@@ -427,8 +429,12 @@ def test_a_worker_merges_its_tables_once_idle_at_most_every_compact_every_s(
         elif len(seen) == 3:
             now[0] = 400.0  # nothing new since: nothing merged again
 
+    def compacted(tables: tuple[str, ...], problem: str | None) -> None:
+        assert problem is None
+        merges.append(tables)
+
     run_derive(ch, wait_s=0, sleep=sleep, stop=lambda: len(seen) >= 4, compact_every_s=100.0,
-               compacted=merges.append, clock=lambda: now[0])  # fmt: skip
+               compacted=compacted, clock=lambda: now[0])  # fmt: skip
     assert [count for count, _ in seen] == [0, 0, 1, 1]
     assert max(seen[1][1].values()) > 1 or merges[0] == ()  # two inserts each (unless ClickHouse merged first)
     assert set(merges[0]) <= set(seen[1][1]) and all(n == 1 for n in seen[2][1].values())
@@ -436,17 +442,41 @@ def test_a_worker_merges_its_tables_once_idle_at_most_every_compact_every_s(
     assert A.tune(ch) == A.tune(duck_samples)
 
 
-def test_derive_once_merges_at_its_end_unless_told_never(connect: Connect) -> None:
-    rows = [row for path in SAMPLES for row in file_rows(path)]
-    merged: list[tuple[str, ...]] = []
+def test_derive_once_merges_a_backlog_not_each_small_run_and_says_a_refused_merge(
+    connect: Connect, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--once`` (a cron job) merges at its end when it derived a tenth or more of every derived
+    span, never with ``compact_every_s`` 0; a merge the server refuses is said, and the traces
+    stay derived."""
+    day = file_rows(SAMPLES[3])  # production_day: 300 traces
+    assert "production_day" in SAMPLES[3].name
+    merged: list[tuple[tuple[str, ...], str | None]] = []
+
+    def compacted(tables: tuple[str, ...], problem: str | None) -> None:
+        merged.append((tables, problem))
+
     never = connect("nomerge", None)
-    insert(never, rows)
-    run_derive(never, wait_s=0, once=True, batch_spans=100, compact_every_s=0, compacted=merged.append)
+    insert(never, day)
+    run_derive(never, wait_s=0, once=True, batch_spans=1000, compact_every_s=0, compacted=compacted)
     assert merged == []
     ch = connect("merge", None)
-    insert(ch, rows)
-    passes = run_derive(ch, wait_s=0, once=True, batch_spans=100, compacted=merged.append)
+    insert(ch, day)
+    passes = run_derive(ch, wait_s=0, once=True, batch_spans=1000, compacted=compacted)
     assert len(passes) > 1 and len(merged) == 1  # several passes, one merge at the end
-    assert all(n == 1 for n in _parts(ch).values())
-    again = run_derive(ch, wait_s=0, once=True, compacted=merged.append)
+    assert merged[0][1] is None and all(n == 1 for n in _parts(ch).values())
+    again = run_derive(ch, wait_s=0, once=True, compacted=compacted)
     assert sum(p.traces for p in again) == 0 and len(merged) == 1  # nothing new: nothing merged
+    insert(ch, file_rows(SAMPLES[0]))  # the next cron run: one trace of 35 spans, under a tenth
+    run_derive(ch, wait_s=0, once=True, compacted=compacted)
+    assert len(merged) == 1 and max(_parts(ch).values()) > 1
+
+    refusing = connect("refusing", None)  # a user without the OPTIMIZE grant
+
+    def refused() -> tuple[str, ...]:
+        raise refusing.errors[0]("Code: 497. DB::Exception: default: Not enough privileges.\nmore")
+
+    monkeypatch.setattr(refusing, "compact", refused)
+    insert(refusing, day)
+    passes = run_derive(refusing, wait_s=0, once=True, compacted=compacted)
+    assert merged[1] == ((), "Code: 497. DB::Exception: default: Not enough privileges.")
+    assert sum(p.spans for p in passes) == len(day) and underived(refusing) == 0

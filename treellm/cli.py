@@ -502,8 +502,12 @@ def _cmd_derive(args: argparse.Namespace) -> int:
         for bad in done.bad_records[:20]:
             print(f"treellm: skipped a bad span: {bad.reason}", file=sys.stderr)
 
-    def merged(tables: tuple[str, ...]) -> None:
-        if tables:
+    def merged(tables: tuple[str, ...], problem: str | None) -> None:
+        if problem is not None:
+            print(f"treellm: could not merge the parts of treellm's tables in {ch.database}: {problem} (reads stay "
+                  "right, only slower; grant OPTIMIZE on them, or pass --compact-every 0)",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        elif tables:
             print(f"treellm: merged the parts of {len(tables)} table(s) in {ch.database}", file=sys.stderr, flush=True)
 
     server = None
@@ -908,7 +912,8 @@ def _add_data_commands(sub: Any) -> None:
     derive.add_argument(
         "--compact-every", type=float, metavar="SECONDS",
         help="once nothing is due, merge the parts of treellm's tables (so reads need not merge them) at most this "
-        "often; --once merges at its end; 0 never (default every 10 minutes)",
+        "often; --once merges at its end when it derived a tenth or more of every derived span; 0 never "
+        "(default every 10 minutes)",
     )  # fmt: skip
     derive.add_argument(
         "--health", metavar="[HOST:]PORT",

@@ -347,11 +347,15 @@ class ClickHouseConnection:
                 self._command(f"ALTER TABLE {self.database}.{table} ADD COLUMN IF NOT EXISTS `{name}` {kind}")
 
     def compact(self) -> tuple[str, ...]:
-        """Merge each of treellm's tables in :attr:`database` that holds more than one active part
-        into one (``OPTIMIZE TABLE ... FINAL``), and return their names. The views read the tables
-        ``FINAL``; over one merged part ClickHouse reads without merging, which at 10M spans made
-        the dashboard's first page's queries 1.9 s -> 1.1 s. Over several parts (every insert adds
-        one, and trace ids spread each over the whole key) every read merges them again."""
+        """Merge each of treellm's tables in :attr:`database` that holds more than one part into
+        one (``OPTIMIZE TABLE ... FINAL``), and return their names.
+
+        The views read the tables ``FINAL``; over one part ClickHouse reads without merging,
+        which at 10M spans made the overview's queries 1.9 s -> 1.1 s. Over several (every
+        insert adds one, and trace ids spread each over the whole key) every read merges them
+        again. A merge rewrites the table: :func:`~treellm.store.clickhouse_derive.run_derive`
+        decides how often. Raises the driver's error (one of :attr:`errors`), such as a user
+        without the ``OPTIMIZE`` grant's."""
         found = self._rows(
             "SELECT table, count() AS parts FROM system.parts WHERE database = ? AND active AND has(?, table) "
             "GROUP BY table HAVING parts > 1 ORDER BY table",

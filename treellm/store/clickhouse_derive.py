@@ -59,10 +59,10 @@ from treellm.store.scratch import scratch_folder
 from treellm.telemetry import semconv as sc
 
 __all__ = [
-    "COMPACT_EVERY_S", "MAX_TRACES", "DeriveHealth", "DeriveReport", "Shard", "current_schema", "derive_once",
-    "derive_rows_sql", "derive_traces", "events_sql", "otlp_lines_sql", "parse_shard", "record_traces",
-    "run_derive", "serve_health", "timestamp_sql", "trace_counts_sql", "underived", "view_rows_sql",
-    "write_derived",
+    "COMPACT_EVERY_S", "COMPACT_SHARE", "MAX_TRACES", "DeriveHealth", "DeriveReport", "Shard", "current_schema",
+    "derive_once", "derive_rows_sql", "derive_traces", "events_sql", "otlp_lines_sql", "parse_shard",
+    "record_traces", "run_derive", "serve_health", "timestamp_sql", "trace_counts_sql", "underived",
+    "view_rows_sql", "write_derived",
 ]  # fmt: skip
 
 BATCH_SPANS: Final = 100_000
@@ -72,8 +72,11 @@ MAX_TRACES: Final = 5000
 query string holds it; ClickHouse caps a URI at 1 MiB by default)."""
 DEFAULT_WAIT_S: Final = 10.0
 COMPACT_EVERY_S: Final = 600.0
-"""How often a continuous worker, once nothing is due, merges the parts of treellm's tables
-(:meth:`~treellm.store.clickhouse.ClickHouseConnection.compact`); ``--once`` merges at its end."""
+"""How often, at most, a derive worker merges the parts of treellm's tables once nothing is due
+(:meth:`~treellm.store.clickhouse.ClickHouseConnection.compact`; :func:`run_derive`)."""
+COMPACT_SHARE: Final = 0.1
+"""``--once`` merges at its end when it derived at least this share of every derived span: a
+merge rewrites the tables, so at most once per tenth of new data (a bounded rewrite of 10x)."""
 _INSERT_ROWS: Final = 5000
 _LEGACY_PREFIX: Final = "treellm.derived."  # what ingest --clickhouse wrote into otel_traces before 0.x
 
@@ -505,7 +508,7 @@ def run_derive(
     stop: Callable[[], bool] = lambda: False,
     sleep: Callable[[float], None] = time.sleep,
     compact_every_s: float = COMPACT_EVERY_S,
-    compacted: Callable[[tuple[str, ...]], None] | None = None,
+    compacted: Callable[[tuple[str, ...], str | None], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> list[DeriveReport]:
     """Derive until nothing is due (``once``: every due trace, then return), or forever, sleeping
@@ -514,18 +517,27 @@ def run_derive(
     each pass; the passes are returned (``once``) or the last one (continuous).
 
     Once something was derived and nothing is due, treellm's tables are merged into one part
-    each (:meth:`ClickHouseConnection.compact`, whose merged tables ``compacted`` sees): at the
-    end of ``once``, and in a continuous worker at most every ``compact_every_s`` seconds of
-    ``clock`` (0: never), so the dashboard's reads do not merge parts again and again."""
+    each (:meth:`ClickHouseConnection.compact`), so the dashboard's reads do not merge parts
+    again and again: in a continuous worker at most every ``compact_every_s`` seconds of
+    ``clock``; at the end of ``once`` when its spans are at least :data:`COMPACT_SHARE` of every
+    derived span (a backlog: a cron job's small runs do not rewrite a large table each time);
+    never with ``compact_every_s`` 0. ``compacted`` sees the tables merged and the problem, if
+    the merge failed (a user without the ``OPTIMIZE`` grant): the reads stay right, only slower,
+    and the worker goes on."""
     passes: list[DeriveReport] = []
     last_compact, dirty = clock(), False
 
     def compact() -> None:
         nonlocal last_compact, dirty
-        merged = ch.compact()
+        merged: tuple[str, ...] = ()
+        problem = None
+        try:
+            merged = ch.compact()
+        except ch.errors as exc:
+            problem = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         last_compact, dirty = clock(), False
         if compacted is not None:
-            compacted(merged)
+            compacted(merged, problem)
 
     while not stop():
         found = 0
@@ -546,7 +558,10 @@ def run_derive(
                 compact()
             sleep(interval_s)
     if once and dirty and compact_every_s > 0 and not stop():
-        compact()
+        written = sum(p.spans for p in passes)
+        derived = int(ch.df(f"SELECT count() AS n FROM {ch.derived(DERIVED_SPANS)}")["n"][0])
+        if written >= COMPACT_SHARE * derived:
+            compact()
     return passes
 
 
