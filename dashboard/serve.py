@@ -24,22 +24,31 @@ each table to the browser, and chDB's query results)."""
 
 
 def preload(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
-    """Import :data:`PRELOADED`; reading ClickHouse (``TREELLM_CLICKHOUSE``, as ``treellm
-    dashboard`` sets it), also the columns its views are made from (read once a process from an
-    in-memory DuckDB store, 0.14 s) and, for a chDB folder, chDB. The names imported."""
+    """Import :data:`PRELOADED`; when the dashboard reads ClickHouse (``TREELLM_CLICKHOUSE``, as
+    ``treellm dashboard`` sets it, and no DuckDB store or Parquet folders), also the columns its
+    views are made from (read once a process from an in-memory DuckDB store, 0.14 s) and, for a
+    chDB folder, chDB. The names imported (a module that is not installed is left out)."""
     names = list(PRELOADED)
-    url = settings.get(settings.TREELLM_CLICKHOUSE, environ) or ""
+    elsewhere = settings.get(settings.TREELLM_DASHBOARD_DB, environ) or settings.get(
+        settings.TREELLM_DASHBOARD_PARQUET, environ
+    )  # the dashboard reads these first (``dashboard.data.source``): an inherited ClickHouse URL is unused
+    url = "" if elsewhere else settings.get(settings.TREELLM_CLICKHOUSE, environ) or ""
     if url:
         names.append("treellm.store.clickhouse")
     if url.startswith("chdb:"):
         names.append("chdb")
+    imported = []
     for name in names:
-        importlib.import_module(name)
-    if url:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # a missing extra: the page that needs it says so, as without this
+            continue
+        imported.append(name)
+    if "treellm.store.clickhouse" in imported:
         from treellm.store.clickhouse import view_columns
 
         view_columns()
-    return tuple(names)
+    return tuple(imported)
 
 
 def main() -> None:

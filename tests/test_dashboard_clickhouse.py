@@ -302,6 +302,8 @@ def test_the_server_imports_what_the_source_needs_before_it_serves() -> None:
     assert preload({}) == PRELOADED
     assert preload({"TREELLM_CLICKHOUSE": "http://localhost:8123"}) == (*PRELOADED, "treellm.store.clickhouse")
     assert preload({"TREELLM_CLICKHOUSE": "chdb:/data"})[-2:] == ("treellm.store.clickhouse", "chdb")
+    # a store given to the dashboard wins over an inherited URL, as the pages decide
+    assert preload({"TREELLM_CLICKHOUSE": "chdb:/data", "TREELLM_DASHBOARD_DB": "/x.duckdb"}) == PRELOADED
 
 
 def test_treellm_dashboard_clickhouse_in_a_real_browser(stores: tuple[Path, str], tmp_path: Path) -> None:
