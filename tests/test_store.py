@@ -507,6 +507,64 @@ def test_pieces_give_every_thread_work_and_bound_what_is_parsed_at_once() -> Non
     assert piece_bytes(434 * mib, 8) == 8 * mib
     assert piece_bytes(100 * 1024, 2) == mib  # a small file is read as it is
     assert piece_bytes(mib, 0) == mib
+    # under a small memory limit less is parsed at once: a 1 GB command leaves DuckDB about 620 MiB
+    assert piece_bytes(434 * mib, 2, 620 * mib) == 620 * mib // ingest_module.LIMIT_PER_PIECE_IN_FLIGHT // 2
+    assert piece_bytes(434 * mib, 2, 4096 * mib) == 32 * mib  # a large limit: no more than 64 MiB still
+
+
+def _own_span_lines(path: Path, spans: int, per_line: int = 60) -> None:
+    """treellm's own spans as an exporter batches them: a trace of ``per_line`` spans a line, each
+    with its arguments, a 600-character result or thought (lines of about 75 KB)."""
+
+    def attr(key: str, value: str) -> dict[str, object]:
+        return {"key": key, "value": {"stringValue": value}}
+
+    with path.open("w", encoding="utf-8") as out:
+        for line in range(spans // per_line):
+            trace = f"{line + 1:032x}"
+            body = []
+            for index in range(per_line):
+                tool = index % 3 != 0
+                attrs = [attr("treellm.run.id", trace[:16]), attr("treellm.node.id", f"n{index}"),
+                         attr("treellm.node.kind", "tool" if tool else "think")]  # fmt: skip
+                if tool:
+                    attrs += [
+                        attr("gen_ai.tool.name", "read_file"), attr("treellm.tool.signature", f"read_file:{index}"),
+                        attr("gen_ai.tool.call.arguments", json.dumps({"path": f"src/m_{index}.py"})),
+                        attr("gen_ai.tool.call.result", "x" * 600),
+                    ]  # fmt: skip
+                else:
+                    attrs += [attr("gen_ai.request.model", "gpt-test"), attr("treellm.think.text", "y" * 600)]
+                start = 1_796_000_000_000_000_000 + line * 10**10 + index * 10**6
+                span = {
+                    "traceId": trace, "spanId": f"{index + 1:016x}", "name": "span", "kind": 1,
+                    "startTimeUnixNano": str(start), "endTimeUnixNano": str(start + 10**5), "attributes": attrs,
+                }  # fmt: skip
+                if index:
+                    span["parentSpanId"] = f"{index:016x}"
+                body.append(span)
+            scope = {"scope": {"name": "treellm"}, "spans": body}
+            doc = {"resourceSpans": [{"resource": {"attributes": []}, "scopeSpans": [scope]}]}
+            out.write(json.dumps(doc, separators=(",", ":")) + "\n")
+
+
+def test_a_file_of_large_lines_ingests_within_a_small_memory_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parsing a piece takes many times its bytes: with 64 MiB parsed at once over both threads,
+    a 1 GB command (which leaves DuckDB about 620 MiB) ran out of memory on 434 MB of treellm's
+    own spans, and a limit of 512 MiB on 125 MB of them. The pieces now shrink with the limit."""
+    import importlib
+
+    ingest_module = importlib.import_module("treellm.store.ingest")
+    path = tmp_path / "own.jsonl"
+    _own_span_lines(path, 100_020)
+    assert path.stat().st_size > 120 * 10**6  # 125 MB: with 64 MiB at once this ran out of memory
+    monkeypatch.setattr(ingest_module, "MEMORY_LIMIT", "512MiB")
+    report = ingest_module.ingest(tmp_path / "own.duckdb", [path])
+    assert report.spans == 100_020 and not report.bad_records
+    with open_store(tmp_path / "own.duckdb", read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM spans").fetchone() == (100_020,)
 
 
 def test_the_overlong_line_check_finds_what_a_line_by_line_read_finds(tmp_path: Path) -> None:

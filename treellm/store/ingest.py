@@ -42,7 +42,8 @@ Contract:
   counted in ``skipped``; an empty file ingests nothing and is reported.
 - The writer holds the store's write lock only while it writes one file.
 - Memory stays bounded: DuckDB reads the file in pieces, one per thread and at most
-  :data:`PIECES_IN_FLIGHT_BYTES` at once over all threads, under a memory limit, and spills;
+  :data:`PIECES_IN_FLIGHT_BYTES` at once over all threads (less under a small memory limit:
+  :data:`LIMIT_PER_PIECE_IN_FLIGHT`), under a memory limit, and spills;
   the stage is inserted every :data:`CHUNK_BYTES`, so batched lines (the Collector's file
   exporter) and files of any size fit the same limit.
 - :func:`ingest_segments`: several files (the journal's closed segments) in one transaction.
@@ -521,11 +522,22 @@ MIN_PIECE_BYTES = 1024 * 1024
 one piece per thread."""
 
 
-def _piece_bytes(size: int, threads: int) -> int:
+LIMIT_PER_PIECE_IN_FLIGHT = 24
+"""DuckDB's memory limit holds at least this many times the bytes it parses at once. Parsing a
+piece and flattening its spans takes many times its bytes: treellm's own spans (lines of 87 KB),
+64 MiB in flight under the 620 MiB a 1 GB command leaves DuckDB, ran out of memory; 32 MiB
+passed at a 568 MB peak, and 26 MiB as fast as 64 (BENCHMARKS.md, "Ingest")."""
+
+
+def _piece_bytes(size: int, threads: int, memory_bytes: int | None = None) -> int:
     """How large each piece of a file of ``size`` bytes is: one per thread at least (both cores
-    parse a journal segment), at most the share of one thread of :data:`PIECES_IN_FLIGHT_BYTES`."""
+    parse a journal segment), at most the share of one thread of :data:`PIECES_IN_FLIGHT_BYTES`,
+    and of DuckDB's ``memory_bytes`` over :data:`LIMIT_PER_PIECE_IN_FLIGHT`."""
     threads = max(threads, 1)
-    return max(MIN_PIECE_BYTES, min(-(-size // threads), PIECES_IN_FLIGHT_BYTES // threads))
+    in_flight = PIECES_IN_FLIGHT_BYTES
+    if memory_bytes is not None:
+        in_flight = min(in_flight, memory_bytes // LIMIT_PER_PIECE_IN_FLIGHT)
+    return max(MIN_PIECE_BYTES, min(-(-size // threads), in_flight // threads))
 
 
 def _pieces(sources: Sequence[Path], folder: Path, piece_bytes: int) -> Iterator[tuple[Path, int, bool]]:
@@ -795,9 +807,10 @@ def _load_jsonl(
     holds much else)."""
     con = open_store(db, retries=retries)
     try:
-        limit = MEMORY_LIMIT
+        limit, limit_bytes = MEMORY_LIMIT, settings.size_bytes(MEMORY_LIMIT)
         if bound_process:
-            limit = f"{duckdb_share(settings.size_bytes(MEMORY_LIMIT), _resident_bytes()) // 2**20}MiB"
+            limit_bytes = duckdb_share(limit_bytes, _resident_bytes())
+            limit = f"{limit_bytes // 2**20}MiB"
         con.execute(f"SET memory_limit = '{limit}'")
         con.execute("SET preserve_insertion_order = false")
         con.execute(MACROS)
@@ -809,7 +822,7 @@ def _load_jsonl(
             size = max(sum(source.stat().st_size for source in sources), 1)
             tell = on_step or (lambda step, share, spans: None)
             threads = int(_count(con, "SELECT current_setting('threads')"))
-            for pieces, chunk_bytes in _chunks(sources, Path(tmp), _piece_bytes(size, threads)):
+            for pieces, chunk_bytes in _chunks(sources, Path(tmp), _piece_bytes(size, threads, limit_bytes)):
                 tell("staging", done / size, totals[0])
                 _stage_chunk(con, pieces, display=display)
                 done += chunk_bytes
