@@ -354,8 +354,8 @@ class ClickHouseConnection:
         which at 10M spans made the overview's queries 1.9 s -> 1.1 s. Over several (every
         insert adds one, and trace ids spread each over the whole key) every read merges them
         again. A merge rewrites the table: :func:`~treellm.store.clickhouse_derive.run_derive`
-        decides how often. Raises the driver's error (one of :attr:`errors`), such as a user
-        without the ``OPTIMIZE`` grant's."""
+        decides how often. Raises the driver's error (one of :attr:`errors`), such as when the user
+        lacks the ``OPTIMIZE`` grant."""
         found = self._rows(
             "SELECT table, count() AS parts FROM system.parts WHERE database = ? AND active AND has(?, table) "
             "GROUP BY table HAVING parts > 1 ORDER BY table",
