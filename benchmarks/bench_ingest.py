@@ -2,6 +2,8 @@
 
 Run: .venv/bin/python benchmarks/bench_ingest.py [--spans 1000000]
 
+The file: traces of 60 spans, each a run (its root span as the executor writes it).
+
 Measured in one run, on the same file:
 - the floor: DuckDB ``read_ndjson_objects`` of the file into an untransformed table, until its
   connection is closed (where the command ends: DuckDB checkpoints the table then), and until
@@ -35,6 +37,19 @@ def _attr(key: str, value: object) -> dict[str, object]:
     if isinstance(value, int):
         return {"key": key, "value": {"intValue": str(value)}}
     return {"key": key, "value": {"stringValue": str(value)}}
+
+
+def _root(trace: str, start: int, spans: int) -> dict[str, object]:
+    """The run's own span, as the executor ends a run: ``invoke_agent``, no parent, the run's facts."""
+    attrs = [
+        _attr("treellm.run.id", trace[:16]), _attr("gen_ai.operation.name", "invoke_agent"),
+        _attr("gen_ai.agent.name", "bench-agent"), _attr("treellm.run.task", "benchmark task"),
+        _attr("treellm.run.outcome", "completed"), _attr("treellm.run.nodes", spans - 1),
+    ]  # fmt: skip
+    return {
+        "traceId": trace, "name": "invoke_agent bench-agent", "kind": 1, "startTimeUnixNano": str(start),
+        "endTimeUnixNano": str(start + spans * 2_000_000), "attributes": attrs, "status": {"code": 0},
+    }  # fmt: skip
 
 
 def _span(trace: str, index: int, parent: str | None, start: int, rng: random.Random) -> dict[str, object]:
@@ -91,7 +106,8 @@ def generate(path: Path, spans: int, seed: int = 7) -> None:
             trace = f"{rng.getrandbits(128) | 1:032x}"
             count = min(SPANS_PER_TRACE, spans - written)
             root = f"{rng.getrandbits(64) | 1:016x}"
-            body = [_span(trace, i, root if i else None, start + i * 2_000_000, rng) for i in range(count)]
+            body = [_root(trace, start, count)]  # a run per trace, its spans below its root
+            body += [_span(trace, i, root, start + i * 2_000_000, rng) for i in range(1, count)]
             body[0]["spanId"] = root
             scope_spans = [{"scope": {"name": "treellm"}, "spans": body}]
             doc = {"resourceSpans": [{"resource": {"attributes": resource_attrs}, "scopeSpans": scope_spans}]}
