@@ -298,6 +298,8 @@ def _query(src: Source, stamp: ex.DataVersion, name: str, filters: Filters, extr
             return ex.actions_by_tool(con, filters)
         if name in ("repeats", "near_repeats") and extra:  # the first extra[0] rows
             return getattr(analysis, name)(con, filters, limit=extra[0])
+        if name in ("identical_repeats_and_rows", "near_repeats_and_pairs"):  # per tool and the first rows
+            return getattr(analysis, name)(con, filters, limit=extra[0])
         function = getattr(analysis, name)
         return function(con, filters)
 

@@ -189,6 +189,14 @@ def test_judgements_kept_by_derive_are_what_duckdb_judges_in_its_order(
     for engine in (duck, ch):  # the first rows, in the order of the whole
         assert _ordered(A.repeats(engine, limit=3)) == _ordered(A.repeats(duck))[:3]
         assert _ordered(A.near_repeats(engine, limit=3)) == _ordered(A.near_repeats(duck))[:3]
+    for engine in (duck, ch):  # the tools page's pairs: per tool and the first rows, from one judgement
+        for f in (None, A.Filters(tool=tool)):
+            by_tool, rows = A.identical_repeats_and_rows(engine, f, limit=3)
+            assert _ordered(by_tool) == _ordered(A.identical_repeats_by_tool(duck, f))
+            assert _ordered(rows) == _ordered(A.repeats(duck, f))[:3]
+            near, pairs = A.near_repeats_and_pairs(engine, f, limit=3)
+            assert _ordered(near) == _ordered(A.near_repeats_by_tool(duck, f))
+            assert _ordered(pairs) == _ordered(A.near_repeats(duck, f))[:3]
 
 
 def test_report_and_tune_commands_over_clickhouse_print_what_duckdb_prints(

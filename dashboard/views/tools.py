@@ -40,7 +40,7 @@ with data.show_problems():
     st.subheader("Near repeats")
     st.caption("Close but not identical calls of one tool in one run. Paging (a position moving forward with "
                "new results) is progress and counted apart.")  # fmt: skip
-    near = data.query("near_repeats_by_tool", filters)
+    near, pairs = data.query("near_repeats_and_pairs", filters, data.TABLE_ROWS)  # one judgement of the calls
     if near.empty:
         st.info("No near repeats (or no captured arguments) in this selection.")
     else:
@@ -49,12 +49,11 @@ with data.show_problems():
     st.subheader("Identical calls beside counted ones")
     st.caption("Identical repeats: every call identical to an earlier call on its path, whatever ran between. "
                "Counted: those the limit's state-change rule counts.")  # fmt: skip
-    identical = data.query("identical_repeats_by_tool", filters)
+    identical, calls = data.query("identical_repeats_and_rows", filters, data.TABLE_ROWS)
     st.dataframe(identical, hide_index=True, width="stretch")
     st.subheader("Every identical call, judged")
     st.caption("One row per identical repeat: whether the limit counts it, its outcome (productive, wasted, "
                "unknown) judged by the evidence, and why. The link opens the call in the run explorer.")  # fmt: skip
-    calls = data.query("repeats", filters, data.TABLE_ROWS)
     if calls.empty:
         st.info("No identical repeat in this selection.")
     else:
@@ -64,7 +63,6 @@ with data.show_problems():
         st.dataframe(data.with_links(calls), hide_index=True, width="stretch",
                      column_config=data.LINK_COLUMNS)  # fmt: skip
     st.subheader("Near repeats and paging, pair by pair")
-    pairs = data.query("near_repeats", filters, data.TABLE_ROWS)
     if not pairs.empty and not near.empty and int(near["near_repeats"].sum() + near["paging"].sum()) > len(pairs):
         total = int(near["near_repeats"].sum() + near["paging"].sum())
         st.caption(

@@ -28,10 +28,11 @@ from treellm.analysis.near import (
     classify_pair,
     near_repeat_pairs,
     near_repeats,
+    near_repeats_and_pairs,
     near_repeats_by_tool,
 )
 from treellm.analysis.outcomes import repeats_by_run_outcome
-from treellm.analysis.repeats import identical_repeats_by_tool, repeats
+from treellm.analysis.repeats import identical_repeats_and_rows, identical_repeats_by_tool, repeats
 from treellm.analysis.report import report, tune
 from treellm.analysis.rules import rules_by_tool
 from treellm.analysis.tuning import limits_toml, tuning_by_tool, what_if_by_tool_limit, wilson_interval
@@ -42,10 +43,12 @@ __all__ = [
     "classify_pair",
     "content_by_tool",
     "cost_by_tool",
+    "identical_repeats_and_rows",
     "identical_repeats_by_tool",
     "limits_toml",
     "near_repeat_pairs",
     "near_repeats",
+    "near_repeats_and_pairs",
     "near_repeats_by_tool",
     "prune_rate_by_model",
     "prune_rate_by_tool",

@@ -88,6 +88,9 @@ def near_repeat_pairs(
     return out
 
 
+_BY_TOOL_COLUMNS: Final = ["tool", "near_repeats", "wasted", *NEAR_KINDS, "window_repeated", "paging", "examples"]
+
+
 def near_repeats_by_tool(
     con: StoreConnection, filters: Filters | None = None, *, similarity: float = DEFAULT_SIMILARITY, examples: int = 3
 ) -> pd.DataFrame:
@@ -95,14 +98,32 @@ def near_repeats_by_tool(
     (the first ``examples`` near repeats in :func:`near_repeats` order). Over ClickHouse, counted
     where the pairs are kept, without fetching them."""
     engine = as_connection(con)
-    columns = ["tool", "near_repeats", "wasted", *NEAR_KINDS, "window_repeated", "paging", "examples"]
+    columns = _BY_TOOL_COLUMNS
     if engine.dialect == "clickhouse" and similarity == DEFAULT_SIMILARITY:
         where, params = (filters or Filters()).where("c")
         counts = engine.df(_BY_TOOL_SQL_CLICKHOUSE.format(where=where, examples=max(int(examples), 1)), params)
         frame = counts[columns].astype({c: int for c in columns[1:-1]})
         frame["examples"] = [list(x)[: max(examples, 0)] for x in frame["examples"]]
         return frame.sort_values(["near_repeats", "tool"], ascending=[False, True], ignore_index=True)
-    pairs = near_repeats(con, filters, similarity=similarity)
+    return _near_by_tool(near_repeats(con, filters, similarity=similarity), examples)
+
+
+def near_repeats_and_pairs(
+    con: StoreConnection, filters: Filters | None = None, *, limit: int, examples: int = 3
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(:func:`near_repeats_by_tool`, :func:`near_repeats` with ``limit``) as one page shows them:
+    over DuckDB from one judgement of the calls (at 1M spans each took 0.9-1.1 s), over ClickHouse
+    each counted or fetched where the pairs are kept."""
+    if as_connection(con).dialect == "clickhouse":
+        return near_repeats_by_tool(con, filters, examples=examples), near_repeats(con, filters, limit=limit)
+    if limit < 0:
+        raise ValueError(f"expected a limit >= 0, got {limit}")
+    pairs = near_repeats(con, filters)
+    return _near_by_tool(pairs, examples), pairs.head(limit).reset_index(drop=True)
+
+
+def _near_by_tool(pairs: pd.DataFrame, examples: int) -> pd.DataFrame:
+    columns = _BY_TOOL_COLUMNS
     if pairs.empty:
         return pd.DataFrame(columns=columns)
     out: dict[str, dict[str, Any]] = defaultdict(lambda: {c: 0 for c in columns[1:-1]} | {"examples": []})

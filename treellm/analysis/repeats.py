@@ -111,7 +111,24 @@ def identical_repeats_by_tool(con: StoreConnection, filters: Filters | None = No
         where, params = (filters or Filters()).where("c")
         counts = engine.df(_BY_TOOL_SQL.format(where=where), params)
         return counts[IDENTICAL_COLUMNS].astype({c: int for c in IDENTICAL_COLUMNS[1:]}).reset_index(drop=True)
+    return _identical_by_tool(repeats(con, filters))
+
+
+def identical_repeats_and_rows(
+    con: StoreConnection, filters: Filters | None = None, *, limit: int
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(:func:`identical_repeats_by_tool`, :func:`repeats` with ``limit``) as one page shows them:
+    over DuckDB from one judgement of the calls (at 1M spans each took 2.1-2.3 s), over ClickHouse
+    each counted or fetched where the judgements are kept."""
+    if as_connection(con).dialect == "clickhouse":
+        return identical_repeats_by_tool(con, filters), repeats(con, filters, limit=limit)
+    if limit < 0:
+        raise ValueError(f"expected a limit >= 0, got {limit}")
     frame = repeats(con, filters)
+    return _identical_by_tool(frame), frame.head(limit).reset_index(drop=True)
+
+
+def _identical_by_tool(frame: pd.DataFrame) -> pd.DataFrame:
     if frame.empty:
         return pd.DataFrame([], columns=IDENTICAL_COLUMNS)
     counted = frame["counted"].astype(bool)
