@@ -393,9 +393,9 @@ def test_a_large_file_is_staged_in_chunks_within_one_transaction(
     staged: list[int] = []
     stage_chunk = ingest_module._stage_chunk
 
-    def counting(con: duckdb.DuckDBPyConnection, pieces: list[Path], *, display: str) -> None:
+    def counting(con: duckdb.DuckDBPyConnection, pieces: list[Path], *, display: str, object_bytes: int) -> None:
         staged.append(len(pieces))
-        stage_chunk(con, pieces, display=display)
+        stage_chunk(con, pieces, display=display, object_bytes=object_bytes)
 
     monkeypatch.setattr(ingest_module, "_stage_chunk", counting)
     db = tmp_path / "chunked.duckdb"
@@ -512,7 +512,7 @@ def test_pieces_give_every_thread_work_and_bound_what_is_parsed_at_once() -> Non
     assert piece_bytes(434 * mib, 2, 4096 * mib) == 32 * mib  # a large limit: no more than 64 MiB still
 
 
-def _own_span_lines(path: Path, spans: int, per_line: int = 60) -> None:
+def _own_span_lines(path: Path, spans: int, per_line: int = 60, first_trace: int = 1) -> None:
     """treellm's own spans as an exporter batches them: a trace of ``per_line`` spans a line, each
     with its arguments, a 600-character result or thought (lines of about 75 KB)."""
 
@@ -521,7 +521,7 @@ def _own_span_lines(path: Path, spans: int, per_line: int = 60) -> None:
 
     with path.open("w", encoding="utf-8") as out:
         for line in range(spans // per_line):
-            trace = f"{line + 1:032x}"
+            trace = f"{line + first_trace:032x}"
             body = []
             for index in range(per_line):
                 tool = index % 3 != 0
@@ -553,18 +553,37 @@ def test_a_file_of_large_lines_ingests_within_a_small_memory_limit(
 ) -> None:
     """Parsing a piece takes many times its bytes: with 64 MiB parsed at once over both threads,
     a 1 GB command (which leaves DuckDB about 620 MiB) ran out of memory on 434 MB of treellm's
-    own spans, and a limit of 512 MiB on 125 MB of them. The pieces now shrink with the limit."""
+    own spans, and a limit of 512 MiB on 125 MB of them. The pieces now shrink with the limit, and
+    DuckDB's JSON reader is told the longest line to expect (its buffers are twice that a thread)."""
     import importlib
 
     ingest_module = importlib.import_module("treellm.store.ingest")
     path = tmp_path / "own.jsonl"
     _own_span_lines(path, 100_020)
     assert path.stat().st_size > 120 * 10**6  # 125 MB: with 64 MiB at once this ran out of memory
-    monkeypatch.setattr(ingest_module, "MEMORY_LIMIT", "512MiB")
+    monkeypatch.setattr(ingest_module, "MEMORY_LIMIT", "384MiB")  # the least a bounded command gives DuckDB
     report = ingest_module.ingest(tmp_path / "own.duckdb", [path])
     assert report.spans == 100_020 and not report.bad_records
     with open_store(tmp_path / "own.duckdb", read_only=True) as con:
         assert con.execute("SELECT count(*) FROM spans").fetchone() == (100_020,)
+
+
+def test_a_line_longer_than_the_small_object_size_still_ingests(tmp_path: Path) -> None:
+    """DuckDB is told to expect lines of 8 MiB at most when no line is longer (its buffers are
+    twice that a thread), else 64 MiB: a file with one long line ingests whole."""
+    import importlib
+
+    ingest_module = importlib.import_module("treellm.store.ingest")
+    short, long = tmp_path / "short.jsonl", tmp_path / "long.jsonl"
+    _own_span_lines(short, 600)
+    _own_span_lines(long, 8_400, per_line=8_400, first_trace=100)  # one trace a line: a line of about 10 MB
+    assert long.stat().st_size > ingest_module.SMALL_OBJECT_BYTES
+    both = tmp_path / "both.jsonl"
+    both.write_bytes(short.read_bytes() + long.read_bytes())
+    assert ingest_module._object_bytes([short]) == ingest_module.SMALL_OBJECT_BYTES
+    assert ingest_module._object_bytes([short, both]) == ingest_module.MAX_LINE_BYTES
+    report = ingest_module.ingest(tmp_path / "both.duckdb", [both])
+    assert report.spans == 9_000 and not report.bad_records
 
 
 def test_the_overlong_line_check_finds_what_a_line_by_line_read_finds(tmp_path: Path) -> None:

@@ -395,11 +395,26 @@ def _sql_literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _read_expression(paths: list[Path]) -> str:
+SMALL_OBJECT_BYTES = 8 * 1024 * 1024
+"""The largest line DuckDB is told to expect when no line of the files is longer. Its JSON reader
+gives each thread a buffer of twice ``maximum_object_size``: told :data:`MAX_LINE_BYTES` (64 MiB),
+128 MiB a thread, and at a 384 MiB limit a 43 MB file of treellm's own spans ran out of memory;
+told 8 MiB, it passed, and the batched file of BENCHMARKS.md ingested as fast (5.6-6.0 s against
+6.1-6.4 s)."""
+
+
+def _object_bytes(sources: Sequence[Path]) -> int:
+    """The longest line ``sources`` may hold, as DuckDB is told: :data:`SMALL_OBJECT_BYTES` when no
+    line is longer (a few lookups a file, :func:`_overlong_line`), else :data:`MAX_LINE_BYTES`."""
+    small = all(_overlong_line(source, SMALL_OBJECT_BYTES) is None for source in sources)
+    return SMALL_OBJECT_BYTES if small else MAX_LINE_BYTES
+
+
+def _read_expression(paths: list[Path], object_bytes: int = MAX_LINE_BYTES) -> str:
     files = "[" + ", ".join(_sql_literal(str(path)) for path in paths) + "]"
     return (
         f"read_json({files}, format = 'newline_delimited', records = true, "
-        f"columns = {READ_COLUMNS}, maximum_object_size = {MAX_LINE_BYTES + 1024})"
+        f"columns = {READ_COLUMNS}, maximum_object_size = {object_bytes + 1024})"
     )
 
 
@@ -612,9 +627,12 @@ def _remove_copies(chunk: list[tuple[Path, bool]]) -> None:
     chunk.clear()
 
 
-def _stage_chunk(con: duckdb.DuckDBPyConnection, pieces: list[Path], *, display: str) -> None:
-    """Stage the spans of ``pieces`` (whole lines each) with one ``read_json`` over them all."""
-    select = stage_sql(_read_expression(pieces))
+def _stage_chunk(
+    con: duckdb.DuckDBPyConnection, pieces: list[Path], *, display: str, object_bytes: int = MAX_LINE_BYTES
+) -> None:
+    """Stage the spans of ``pieces`` (whole lines each, none over ``object_bytes``) with one
+    ``read_json`` over them all."""
+    select = stage_sql(_read_expression(pieces, object_bytes))
     try:
         con.execute(f"CREATE OR REPLACE TEMP TABLE stage AS {select}", {"source": display})
     except duckdb.Error as exc:
@@ -822,9 +840,10 @@ def _load_jsonl(
             size = max(sum(source.stat().st_size for source in sources), 1)
             tell = on_step or (lambda step, share, spans: None)
             threads = int(_count(con, "SELECT current_setting('threads')"))
+            object_bytes = _object_bytes(sources)
             for pieces, chunk_bytes in _chunks(sources, Path(tmp), _piece_bytes(size, threads, limit_bytes)):
                 tell("staging", done / size, totals[0])
-                _stage_chunk(con, pieces, display=display)
+                _stage_chunk(con, pieces, display=display, object_bytes=object_bytes)
                 done += chunk_bytes
                 tell("placing", done / size, totals[0])
                 totals = [t + v for t, v in zip(totals, _load_chunk(con, foreign), strict=True)]
