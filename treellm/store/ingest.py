@@ -43,7 +43,8 @@ Contract:
 - The writer holds the store's write lock only while it writes one file.
 - Memory stays bounded: DuckDB reads the file in pieces, one per thread and at most
   :data:`PIECES_IN_FLIGHT_BYTES` at once over all threads (less under a small memory limit:
-  :data:`LIMIT_PER_PIECE_IN_FLIGHT`), under a memory limit, and spills;
+  :data:`LIMIT_PER_PIECE_IN_FLIGHT`; each thread's buffer sized for the longest line there is,
+  :data:`SMALL_OBJECT_BYTES` or :data:`MAX_LINE_BYTES`), under a memory limit, and spills;
   the stage is inserted every :data:`CHUNK_BYTES`, so batched lines (the Collector's file
   exporter) and files of any size fit the same limit.
 - :func:`ingest_segments`: several files (the journal's closed segments) in one transaction.
