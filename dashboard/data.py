@@ -296,10 +296,8 @@ def _query(src: Source, stamp: ex.DataVersion, name: str, filters: Filters, extr
             return analysis.shape_by_run(con, filters, columns=SHAPE_PAGE_COLUMNS)
         if name == "actions":
             return ex.actions_by_tool(con, filters)
-        if name in ("repeats", "near_repeats") and extra:  # the first extra[0] rows
-            return getattr(analysis, name)(con, filters, limit=extra[0])
-        if name in ("identical_repeats_and_rows", "near_repeats_and_pairs"):  # per tool and the first rows
-            return getattr(analysis, name)(con, filters, limit=extra[0])
+        if name in ("repeats", "near_repeats", "identical_repeats_and_rows", "near_repeats_and_pairs") and extra:
+            return getattr(analysis, name)(con, filters, limit=extra[0])  # the first extra[0] rows (and per tool)
         function = getattr(analysis, name)
         return function(con, filters)
 
