@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Mapping
 
-from treellm import settings
+from treellm.errors import TreeLLMError
 
 PRELOADED = (
     "pandas", "pyarrow", "plotly.graph_objects", "igraph", "treellm.analysis", "dashboard.charts", "dashboard.data",
@@ -23,31 +22,38 @@ PRELOADED = (
 each table to the browser, and chDB's query results)."""
 
 
-def preload(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
-    """Import :data:`PRELOADED`; when the dashboard reads ClickHouse (``TREELLM_CLICKHOUSE``, as
-    ``treellm dashboard`` sets it, and no DuckDB store or Parquet folders), also the columns its
-    views are made from (read once a process from an in-memory DuckDB store, 0.14 s) and, for a
-    chDB folder, chDB. The names imported (a module that is not installed is left out)."""
-    names = list(PRELOADED)
-    elsewhere = settings.get(settings.TREELLM_DASHBOARD_DB, environ) or settings.get(
-        settings.TREELLM_DASHBOARD_PARQUET, environ
-    )  # the dashboard reads these first (``dashboard.data.source``): an inherited ClickHouse URL is unused
-    url = "" if elsewhere else settings.get(settings.TREELLM_CLICKHOUSE, environ) or ""
-    if url:
-        names.append("treellm.store.clickhouse")
-    if url.startswith("chdb:"):
-        names.append("chdb")
+def preload() -> tuple[str, ...]:
+    """Import :data:`PRELOADED`; when the dashboard reads ClickHouse (its source, by the pages' own
+    rule: :func:`dashboard.data.source`), also the columns its views are made from (read once a
+    process from an in-memory DuckDB store, 0.14 s) and, for a chDB folder, chDB. The names
+    imported (a module that is not installed is left out)."""
     imported = []
-    for name in names:
+    for name in PRELOADED:
         try:
             importlib.import_module(name)
         except ImportError:  # a missing extra: the page that needs it says so, as without this
             continue
         imported.append(name)
-    if "treellm.store.clickhouse" in imported:
-        from treellm.store.clickhouse import view_columns
+    if "dashboard.data" not in imported:
+        return tuple(imported)
+    from dashboard.data import source
 
-        view_columns()
+    try:
+        src = source()
+    except TreeLLMError:  # a bad setting: the page says so
+        return tuple(imported)
+    if src.kind != "clickhouse":
+        return tuple(imported)
+    from treellm.store.clickhouse import view_columns
+
+    view_columns()
+    imported.append("treellm.store.clickhouse")
+    if src.paths[0].startswith("chdb:"):
+        try:
+            importlib.import_module("chdb")
+        except ImportError:
+            return tuple(imported)
+        imported.append("chdb")
     return tuple(imported)
 
 

@@ -296,14 +296,21 @@ def test_the_dashboard_command_passes_the_clickhouse_url_and_table(
     assert command[1:4] == ["-m", "dashboard.serve", "run"]  # the pages' modules imported before it serves
 
 
-def test_the_server_imports_what_the_source_needs_before_it_serves() -> None:
+def test_the_server_imports_what_the_source_needs_before_it_serves(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
     from dashboard.serve import PRELOADED, preload
 
-    assert preload({}) == PRELOADED
-    assert preload({"TREELLM_CLICKHOUSE": "http://localhost:8123"}) == (*PRELOADED, "treellm.store.clickhouse")
-    assert preload({"TREELLM_CLICKHOUSE": "chdb:/data"})[-2:] == ("treellm.store.clickhouse", "chdb")
+    for name in ("TREELLM_CLICKHOUSE", "TREELLM_DASHBOARD_DB", "TREELLM_DASHBOARD_PARQUET"):
+        monkeypatch.delenv(name, raising=False)
+    assert preload() == PRELOADED and all(name in sys.modules for name in PRELOADED)
+    monkeypatch.setenv("TREELLM_CLICKHOUSE", "http://localhost:8123")
+    assert preload() == (*PRELOADED, "treellm.store.clickhouse")
+    monkeypatch.setenv("TREELLM_CLICKHOUSE", "chdb:/data")
+    assert preload()[-2:] == ("treellm.store.clickhouse", "chdb")
     # a store given to the dashboard wins over an inherited URL, as the pages decide
-    assert preload({"TREELLM_CLICKHOUSE": "chdb:/data", "TREELLM_DASHBOARD_DB": "/x.duckdb"}) == PRELOADED
+    monkeypatch.setenv("TREELLM_DASHBOARD_DB", "/x.duckdb")
+    assert preload() == PRELOADED
 
 
 def test_treellm_dashboard_clickhouse_in_a_real_browser(stores: tuple[Path, str], tmp_path: Path) -> None:

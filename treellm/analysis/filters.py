@@ -10,7 +10,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Filters"]
+__all__ = ["Filters", "check_limit"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,3 +56,9 @@ def _ns(moment: dt.datetime) -> int:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=dt.UTC)
     return int(moment.timestamp() * 1e9)
+
+
+def check_limit(limit: int | None) -> None:
+    """Refuse a row limit below 0 (None: no limit) with a ValueError quoting it."""
+    if limit is not None and limit < 0:
+        raise ValueError(f"expected a limit >= 0, got {limit}")

@@ -15,7 +15,7 @@ from typing import Any, Final
 
 import pandas as pd
 
-from treellm.analysis.filters import Filters
+from treellm.analysis.filters import Filters, check_limit
 from treellm.derive.near import NEAR_KINDS, PAIR_COLUMNS, classify_commands, classify_pair, near_pairs
 from treellm.shell import DEFAULT_SHELL_TOOLS
 from treellm.store.backend import StoreConnection, as_connection, fetch_rows
@@ -42,8 +42,7 @@ def near_repeats(
     call and span ids), ``kind`` (``near`` or ``paging``), ``detail`` (the near kind), and
     whether the later call returned the same result. Near repeats with the same result come
     first (the wasted ones), then the rest, in run order (the first ``limit``, when given)."""
-    if limit is not None and limit < 0:
-        raise ValueError(f"expected a limit >= 0, got {limit}")
+    check_limit(limit)
     engine = as_connection(con)
     where, params = (filters or Filters()).where("c")
     stored = similarity == DEFAULT_SIMILARITY and shell_tools in (None, frozenset(DEFAULT_SHELL_TOOLS))
@@ -116,8 +115,7 @@ def near_repeats_and_pairs(
     each counted or fetched where the pairs are kept."""
     if as_connection(con).dialect == "clickhouse":
         return near_repeats_by_tool(con, filters, examples=examples), near_repeats(con, filters, limit=limit)
-    if limit < 0:
-        raise ValueError(f"expected a limit >= 0, got {limit}")
+    check_limit(limit)
     pairs = near_repeats(con, filters)
     return _near_by_tool(pairs, examples), pairs.head(limit).reset_index(drop=True)
 

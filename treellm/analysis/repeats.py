@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import pandas as pd
 
-from treellm.analysis.filters import Filters
+from treellm.analysis.filters import Filters, check_limit
 from treellm.derive.repeats import CODE_WRITES, REPEAT_COLUMNS, CallFacts, judge_repeat, judge_runs
 from treellm.store.backend import StoreConnection, as_connection, fetch_rows
 from treellm.store.views import REPEAT_CALLS_SQL, REPEAT_NODES_SQL
@@ -65,8 +65,7 @@ def repeats(
 ) -> pd.DataFrame:
     """One row per identical repeat (``REPEAT_COLUMNS``) of the runs and tool ``filters`` keep
     (and of ``tools``, when given), in run and time order (the first ``limit``, when given)."""
-    if limit is not None and limit < 0:
-        raise ValueError(f"expected a limit >= 0, got {limit}")
+    check_limit(limit)
     f = filters or Filters()
     engine = as_connection(con)
     where, params = _where(f, tools)
@@ -122,8 +121,7 @@ def identical_repeats_and_rows(
     each counted or fetched where the judgements are kept."""
     if as_connection(con).dialect == "clickhouse":
         return identical_repeats_by_tool(con, filters), repeats(con, filters, limit=limit)
-    if limit < 0:
-        raise ValueError(f"expected a limit >= 0, got {limit}")
+    check_limit(limit)
     frame = repeats(con, filters)
     return _identical_by_tool(frame), frame.head(limit).reset_index(drop=True)
 

@@ -406,8 +406,9 @@ told 8 MiB, it passed, and the batched file of BENCHMARKS.md ingested as fast (5
 
 def _object_bytes(sources: Sequence[Path]) -> int:
     """The longest line ``sources`` may hold, as DuckDB is told: :data:`SMALL_OBJECT_BYTES` when no
-    line is longer (a few lookups a file, :func:`_overlong_line`), else :data:`MAX_LINE_BYTES`."""
-    small = all(_overlong_line(source, SMALL_OBJECT_BYTES) is None for source in sources)
+    line is longer (a few lookups a file, :func:`_lines_within`; a longer line is not looked for
+    and named, as the check against :data:`MAX_LINE_BYTES` does), else :data:`MAX_LINE_BYTES`."""
+    small = all(_lines_within(source, SMALL_OBJECT_BYTES) for source in sources)
     return SMALL_OBJECT_BYTES if small else MAX_LINE_BYTES
 
 
@@ -869,17 +870,23 @@ def _overlong_line(path: Path, limit: int = MAX_LINE_BYTES) -> tuple[int, int] |
     once when lines are short) starts the next window. Only a file that fails is read line by line,
     to name the line.
     """
+    return None if _lines_within(path, limit) else _first_overlong_line(path, limit)
+
+
+def _lines_within(path: Path, limit: int) -> bool:
+    """Whether no line of ``path`` is longer than ``limit`` (the windowed lookups of
+    :func:`_overlong_line`, without naming the line)."""
     size = path.stat().st_size
     if size <= limit:
-        return None
+        return True
     with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
         start = 0
         while size - start > limit:
             newline = mapped.rfind(b"\n", start, start + limit + 1)
             if newline < 0:
-                return _first_overlong_line(path, limit)
+                return False
             start = newline + 1
-    return None
+    return True
 
 
 def _first_overlong_line(path: Path, limit: int) -> tuple[int, int] | None:
