@@ -19,13 +19,17 @@ function is timed again over them (no DuckDB beside it: the figures to hold are 
 <= 5 s at 10M spans), as the copies left them (several parts a table) and after merging their
 parts as a derive pass does at its end, side by side. Deriving 10M spans through one worker
 would take K times the derive time above; the derive throughput per worker is the figure
-measured above.
+measured above. Copy k is dated k months before the derivation (``bucket``, what partitions
+treellm's tables: by month on chDB): K months of traces. Then each function over the same rows
+in tables of one partition (as treellm made them before the partitions), and the next pass: one
+more copy of the spans, derived today, and the merge after it, timed over both, side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 import time
@@ -43,7 +47,7 @@ from treellm import analysis  # noqa: E402
 from treellm.store import open_store  # noqa: E402
 from treellm.store.clickhouse import ClickHouseConnection, open_clickhouse  # noqa: E402
 from treellm.store.clickhouse_derive import run_derive, underived  # noqa: E402
-from treellm.store.clickhouse_views import DERIVED_SPANS, DERIVED_VIEWS  # noqa: E402
+from treellm.store.clickhouse_views import DERIVED_SPANS, DERIVED_TRACES, DERIVED_VIEWS  # noqa: E402
 
 BATCH = 50_000
 
@@ -72,22 +76,57 @@ def load_clickhouse(big: Path, ch: ClickHouseConnection, spans: int) -> None:
           f"(row building in Python included), {int(size) / 1e6:,.0f} MB on disk")  # fmt: skip
 
 
+TABLES = (DERIVED_SPANS, DERIVED_TRACES, *DERIVED_VIEWS.values())
+
+
+def copy_rows(ch: ClickHouseConnection, source: str, target: str, table: str, *, suffix: str, days_before: int) -> None:
+    """Insert the rows of ``source.table`` into ``target.table``, every trace and run id with
+    ``suffix`` after it, dated ``days_before`` days before their partition (``bucket``)."""
+    columns = list(ch.df(f"SELECT name FROM system.columns WHERE database = '{source}' AND table = '{table}' "
+                         "ORDER BY position")["name"])  # fmt: skip
+    values = ", ".join(
+        f"concat(`{c}`, '{suffix}')" if c == "trace_id" else
+        f"if(`{c}` IS NULL, NULL, concat(`{c}`, '{suffix}'))" if c == "run_id" else
+        f"subtractDays(`{c}`, {days_before})" if c == "bucket" else f"`{c}`"
+        for c in columns
+    )  # fmt: skip
+    ch.command(f"INSERT INTO {target}.{table} SELECT {values} FROM {source}.{table} FINAL")
+
+
 def copy_derived(ch: ClickHouseConnection, target: str, copies: int) -> None:
     """Fill the database ``target`` with ``copies`` copies of the derived tables of ``ch``'s
-    database (copy 0 as it is, copy k with ``-k`` after every trace and run id), and its views."""
-    for table in (DERIVED_SPANS, *DERIVED_VIEWS.values()):
-        columns = list(ch.df(f"SELECT name FROM system.columns WHERE database = '{ch.database}' AND table = '{table}' "
-                             "ORDER BY position")["name"])  # fmt: skip
+    database (copy 0 as it is, copy k with ``-k`` after every trace and run id, k months older)."""
+    for table in TABLES:
         ch.command(f"DROP TABLE IF EXISTS {target}.{table} SYNC")  # columns as the source's, now
         ch.command(f"CREATE TABLE {target}.{table} AS {ch.database}.{table}")
         for k in range(copies):
-            suffix = f"'-{k}'" if k else "''"
-            values = ", ".join(
-                f"concat(`{c}`, {suffix})" if c == "trace_id" else
-                f"if(`{c}` IS NULL, NULL, concat(`{c}`, {suffix}))" if c == "run_id" else f"`{c}`"
-                for c in columns
-            )  # fmt: skip
-            ch.command(f"INSERT INTO {target}.{table} SELECT {values} FROM {ch.database}.{table} FINAL")
+            copy_rows(ch, ch.database, target, table, suffix=f"-{k}" if k else "", days_before=31 * k)
+
+
+def whole_table_copy(ch: ClickHouseConnection, source: str, target: str) -> None:
+    """``target``: the tables of ``source`` with their rows, each table one partition sorted by
+    its key without ``bucket`` (as treellm made them before the partitions), merged."""
+    ch.command(f"CREATE DATABASE IF NOT EXISTS {target}")
+    for table in TABLES:
+        ddl = str(ch.df(f"SHOW CREATE TABLE {source}.{table}")["statement"][0])
+        ddl = re.sub(r"PARTITION BY \S+\n", "", ddl.replace(f"{source}.{table}", f"{target}.{table}"))
+        ch.command(f"DROP TABLE IF EXISTS {target}.{table} SYNC")
+        ch.command(
+            ddl.replace("ORDER BY (bucket, trace_id)", "ORDER BY trace_id").replace("ORDER BY (bucket, ", "ORDER BY (")
+        )
+        ch.command(f"INSERT INTO {target}.{table} SELECT * FROM {source}.{table}")
+        ch.command(f"OPTIMIZE TABLE {target}.{table} FINAL")
+
+
+def next_pass_merge(ch: ClickHouseConnection, url: str, target: str) -> float:
+    """Seconds :meth:`ClickHouseConnection.compact` takes over ``target``'s tables after one more
+    copy of ``ch``'s rows, derived today."""
+    for table in TABLES:
+        copy_rows(ch, ch.database, target, table, suffix="-next", days_before=0)
+    merger = open_clickhouse(url, database=target)
+    t0 = time.perf_counter()
+    merger.compact()
+    return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -108,8 +147,11 @@ def main() -> None:
         try:
             spans = duck.execute("SELECT count(*) FROM spans").fetchone()[0]  # type: ignore[index]
             load_clickhouse(big, ch, spans)
-            if underived(ch):  # derive into fresh tables: each trace derived once, as a worker beside a
-                # Collector does (versions left by older runs would sit unmerged in chDB's parts)
+            keys = ch.df(f"SELECT partition_key FROM system.tables WHERE database = '{ch.database}' "
+                         f"AND name = '{DERIVED_SPANS}'")["partition_key"]  # fmt: skip
+            if underived(ch) or list(keys) != [ch.partition]:  # derive into fresh tables: each trace derived once,
+                # as a worker beside a Collector does (versions left by older runs would sit unmerged in
+                # chDB's parts), and in this treellm's tables
                 ch.command(f"DROP DATABASE IF EXISTS {ch.database} SYNC")
                 ch.close()
                 ch = open_clickhouse(f"chdb:{folder / f'chdb-{args.spans}'}", create_table=True)
@@ -158,11 +200,33 @@ def scaled(ch: ClickHouseConnection, url: str, copies: int, repeats: int) -> Non
     merged = big.compact()  # as a derive pass does at its end
     print(f"merged the parts of {len(merged)} table(s) in {time.perf_counter() - t0:.1f} s; each function before "
           "and after (the copies' inserts left several parts a table)")  # fmt: skip
-    print(f"{'function':26} {'result':>12} {'parts s':>9} {'merged s':>9} {'ratio':>7}")
+    after = {}
     for name, _target, _label in FUNCTIONS:
         function = getattr(analysis, name)
-        c_s, result = median_time(lambda function=function: function(big), repeats)
-        print(f"{name:26} {size_of(result):>12} {timed[name]:9.3f} {c_s:9.3f} {c_s / timed[name]:7.2f}")
+        after[name] = median_time(lambda function=function: function(big), repeats)
+    whole = f"{target}_whole"
+    t0 = time.perf_counter()
+    whole_table_copy(ch, target, whole)
+    print(f"the same rows in tables of one partition ({whole}, as before the partitions), merged, in "
+          f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
+    one_partition = open_clickhouse(url, database=whole)
+    print(f"{'function':26} {'result':>12} {'parts s':>9} {'merged s':>9} {'ratio':>7} {'one partition s':>16}")
+    for name, _target, _label in FUNCTIONS:
+        function = getattr(analysis, name)
+        c_s, result = after[name]
+        w_s = median_time(lambda function=function: function(one_partition), repeats)[0]
+        print(f"{name:26} {size_of(result):>12} {timed[name]:9.3f} {c_s:9.3f} {c_s / timed[name]:7.2f} {w_s:16.3f}")
+    print(f"\nthe next pass: one more copy ({rows // copies:,} spans) derived today, then the merge of the parts")
+    by_day = next_pass_merge(ch, url, target)
+    one = next_pass_merge(ch, url, whole)
+    print(f"{'tables':34} {'merge s':>8}")
+    print(f"{'one partition (before)':34} {one:8.1f}")
+    print(f"{'by bucket (chDB: one a month)':34} {by_day:8.1f}   {by_day / one:.2f}x")
+    one_partition.close()
+    ch.command(f"DROP DATABASE {whole} SYNC")  # the copies stay as they were for bench_dashboard.py
+    for table in TABLES:
+        ch.command(f"ALTER TABLE {target}.{table} DELETE WHERE endsWith(trace_id, '-next') SETTINGS mutations_sync = 1")
+    big.compact()
 
 
 if __name__ == "__main__":

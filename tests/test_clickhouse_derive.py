@@ -15,6 +15,7 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,14 @@ from treellm.store.clickhouse_derive import (
     write_derived,
 )
 from treellm.store.clickhouse_ingest import ingest_clickhouse
+from treellm.store.clickhouse_views import (
+    DAILY,
+    MONTHLY,
+    TABLE_NAMES,
+    derived_spans_ddl,
+    derived_traces_ddl,
+    derived_view_ddl,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 # other frameworks' spans as their real instrumentors recorded them, and any-agent's traces
@@ -399,10 +408,116 @@ def test_a_span_the_validator_refuses_is_reported_never_skipped_in_silence(conne
 
 
 def _parts(ch: ClickHouseConnection) -> dict[str, int]:
+    """Per table, the most parts one of its partitions holds."""
     found = ch.df(
-        f"SELECT table, count() AS n FROM system.parts WHERE database = '{ch.database}' AND active GROUP BY table"
+        f"SELECT table, max(n) AS n FROM (SELECT table, partition_id, count() AS n FROM system.parts "
+        f"WHERE database = '{ch.database}' AND active GROUP BY table, partition_id) GROUP BY table"
     )
     return dict(zip(found["table"], found["n"], strict=True))
+
+
+def _partitions(ch: ClickHouseConnection) -> dict[str, dict[str, list[str]]]:
+    """Per table, per partition, the names of its active parts."""
+    found = ch.df(
+        f"SELECT table, partition_id, name FROM system.parts WHERE database = '{ch.database}' AND active "
+        "ORDER BY table, partition_id, name"
+    )
+    out: dict[str, dict[str, list[str]]] = {}
+    for table, partition, name in zip(found["table"], found["partition_id"], found["name"], strict=True):
+        out.setdefault(str(table), {}).setdefault(str(partition), []).append(str(name))
+    return out
+
+
+def _ns(day: str) -> int:
+    return int(datetime.fromisoformat(f"{day}T12:00:00+00:00").timestamp()) * 10**9
+
+
+def test_a_trace_keeps_the_day_it_was_first_derived_and_a_merge_rewrites_only_the_partitions_that_grew(
+    connect: Connect, folder: Path, duck_samples: Any
+) -> None:
+    """Every table is partitioned by the day a trace was first derived (chDB: by its month): a
+    trace derived again (a late span) replaces its rows in that partition, and a merge rewrites
+    the partitions that received rows since the last one, never the ones before."""
+    ch = connect("buckets", None)
+    db = folder / "buckets.duckdb"
+    shutil.copy(folder / "samples.duckdb", db)
+    tables = {"treellm_spans", "treellm_traces", *(f"treellm_{v}" for v in ("runs", "nodes", "tool_calls"))}
+    with open_store(db) as con:
+        traces = [t for (t,) in con.execute("SELECT DISTINCT trace_id FROM spans ORDER BY 1").fetchall()]
+        first, second = traces[: len(traces) // 2], traces[len(traces) // 2 :]
+
+        def derive(chosen: list[str], version: int) -> None:
+            write_derived(con, ch, chosen, version)
+            record_traces(ch, dict.fromkeys(chosen, (0, 0)), Shard(), version)
+
+        derive(first, _ns("2026-11-30"))
+        ch.compact()
+        before = _partitions(ch)
+        assert all(set(before[t]) == {"202611"} for t in tables)
+        derive([*second, first[0]], _ns("2026-12-01"))  # first[0] again: a late span arrived
+        buckets = ch.df(f"SELECT DISTINCT trace_id, toString(bucket) AS b FROM {ch.database}.treellm_tool_calls")
+        by_trace = dict(zip(buckets["trace_id"], buckets["b"], strict=True))
+        assert len(buckets) == len(by_trace)  # one partition per trace, whatever its passes
+        assert {by_trace[t] for t in first if t in by_trace} == {"2026-11-30"}
+        assert {by_trace[t] for t in second if t in by_trace} == {"2026-12-01"}
+        assert A.report(ch) == A.report(duck_samples)  # the trace derived twice counts once
+        assert tables <= set(ch.compact())
+        after = _partitions(ch)
+        for table in tables:
+            assert set(after[table]) == {"202611", "202612"}, table
+            assert all(len(parts) == 1 for parts in after[table].values()), table
+            assert after[table]["202611"] != before[table]["202611"], table  # it grew: merged
+        derive(second[:1], _ns("2026-12-02"))  # the next pass: only the second month grows
+        ch.compact()
+        last = _partitions(ch)
+        for table in tables:
+            assert last[table]["202611"] == after[table]["202611"], table  # not rewritten
+            assert len(last[table]["202612"]) == 1, table
+    assert A.report(ch) == A.report(duck_samples)
+    assert A.tune(ch) == A.tune(duck_samples)
+
+
+def test_a_server_partitions_by_day_and_chdb_by_month() -> None:
+    """The tables' partition: a day on a server (a merge rewrites a day), a month on chDB (a
+    process that opens the folder loads every part: few partitions)."""
+    columns = [("trace_id", "VARCHAR", False), ("day", "DATE", False)]
+    for partition, expected in ((DAILY, "PARTITION BY bucket\n"), (MONTHLY, "PARTITION BY toYYYYMM(bucket)\n")):
+        ddls = [derived_spans_ddl("db", columns, partition=partition), derived_traces_ddl("db", partition=partition),
+                derived_view_ddl("db", "runs", [("trace_id", "VARCHAR", False)], partition=partition)]  # fmt: skip
+        assert all(f"{expected}ORDER BY (bucket, trace_id" in ddl for ddl in ddls)
+
+
+def test_tables_an_older_treellm_made_without_partitions_are_kept_and_still_derive_and_merge(
+    connect: Connect, duck_samples: Any
+) -> None:
+    """Tables made before the partitions (no ``bucket`` column, one partition, the schema's
+    earlier marker) stay: attach adds the column, and derive and merge go on in them."""
+    plain = connect("v6_spans", "treellm_v7_probe")  # the DDL of this version, to rewrite
+    ddls = [str(plain.df(f"SHOW CREATE TABLE {plain.derived(t)}")["statement"][0]) for t in TABLE_NAMES]
+    older = [  # as the schema's version 6 made them: treellm_spans by month, the others one partition
+        re.sub(r",\s*`?bucket`? Date", "", ddl.replace("treellm_v7_probe.", "treellm_v6."))
+        .replace(
+            "PARTITION BY toYYYYMM(bucket)\nORDER BY (bucket, trace_id, span_id)",
+            "PARTITION BY toYYYYMM(day)\nORDER BY (trace_id, span_id)",
+        )
+        .replace("PARTITION BY toYYYYMM(bucket)\nORDER BY (bucket, ", "ORDER BY (")
+        .replace("ORDER BY (trace_id)", "ORDER BY trace_id")
+        .replace("'treellm:table:7'", "'treellm:table:6'")
+        for ddl in ddls
+    ]
+    plain.command("CREATE DATABASE IF NOT EXISTS treellm_v6 COMMENT 'treellm:database:6'")
+    for ddl in older:
+        plain.command(ddl)
+    ch = connect("v6_spans", "treellm_v6")
+    keys = ch.df("SELECT name, partition_key, sorting_key FROM system.tables WHERE database = 'treellm_v6'")
+    assert set(keys["partition_key"]) == {"", "toYYYYMM(day)"} and not any("bucket" in k for k in keys["sorting_key"])
+    added = ch.df("SELECT count() AS n FROM system.columns WHERE database = 'treellm_v6' AND name = 'bucket'")
+    assert int(added["n"][0]) == len(TABLE_NAMES)  # the tables are kept: attach added the column
+    insert(ch, [row for path in SAMPLES for row in file_rows(path)])
+    run_derive(ch, wait_s=0, once=True)
+    assert A.report(ch) == A.report(duck_samples)
+    assert A.tune(ch) == A.tune(duck_samples)
+    assert all(n == 1 for n in _parts(ch).values())
 
 
 def test_a_worker_merges_its_tables_once_idle_at_most_every_compact_every_s(

@@ -42,11 +42,14 @@ from treellm import settings
 from treellm.errors import ConfigError, MissingExtraError, StoreBusyError, StoreError
 from treellm.store.backend import Dialect
 from treellm.store.clickhouse_views import (
+    BUCKET,
+    DAILY,
     DEFAULT_TABLE,
     DERIVED_SPANS,
     DERIVED_TRACES,
     DERIVED_VIEWS,
     EVENT_COLUMNS,
+    MONTHLY,
     OTEL_TRACES_DDL,
     SPANS_TABLE_COLUMNS,
     TABLE_NAMES,
@@ -76,6 +79,8 @@ __all__ = [
 
 ENV_CLICKHOUSE: Final = settings.TREELLM_CLICKHOUSE.name
 DEFAULT_DATABASE: Final = str(settings.get(settings.TREELLM_CLICKHOUSE_DATABASE, {}))
+_PARTITION_ID: Final = re.compile(r"[A-Za-z0-9_-]+")
+"""A partition id as ClickHouse names them (``20261205``, ``all``): quoted into ``OPTIMIZE``."""
 
 
 def _type(value: Any) -> str:
@@ -236,8 +241,10 @@ class ClickHouseConnection:
         table: str = DEFAULT_TABLE,
         database: str = DEFAULT_DATABASE,
         home: str = "default",
+        partition: str = DAILY,
     ) -> None:
         self._query, self._command, self._close, self._use = query, command, close, use
+        self.partition = partition  # how treellm's tables it creates are partitioned by their bucket
         self._insert, self._export = insert, export
         self.errors = errors
         self.table = table if "." in table else f"{home}.{table}"
@@ -321,14 +328,14 @@ class ClickHouseConnection:
         existing = {str(name): (str(engine), str(comment)) for name, engine, comment in rows}
         tables = plan_tables(self.database, existing)
         views = plan_views(self.database, existing)  # both plans before anything is touched
-        self._command(derived_spans_ddl(self.database, columns))
-        self._command(derived_traces_ddl(self.database))
+        self._command(derived_spans_ddl(self.database, columns, partition=self.partition))
+        self._command(derived_traces_ddl(self.database, partition=self.partition))
         for view in DERIVED_VIEWS:
-            self._command(derived_view_ddl(self.database, view, described[view]))
+            self._command(derived_view_ddl(self.database, view, described[view], partition=self.partition))
         # an older version's tables get the columns they lack (NULL in their old rows, whose
         # traces were derived under another schema: derived again, treellm_traces says so)
         wanted = {
-            DERIVED_SPANS: [(n, clickhouse_type(k, nullable=True)) for n, k, _ in columns] + list(EVENT_COLUMNS),
+            DERIVED_SPANS: [(n, clickhouse_type(k, nullable=True)) for n, k, _ in columns] + [*EVENT_COLUMNS, BUCKET],
             DERIVED_TRACES: list(TRACES_COLUMNS),
             **{table: view_columns_wanted(described[view]) for view, table in DERIVED_VIEWS.items()},
         }
@@ -347,24 +354,32 @@ class ClickHouseConnection:
                 self._command(f"ALTER TABLE {self.database}.{table} ADD COLUMN IF NOT EXISTS `{name}` {kind}")
 
     def compact(self) -> tuple[str, ...]:
-        """Merge each of treellm's tables in :attr:`database` that holds more than one part into
-        one (``OPTIMIZE TABLE ... FINAL``), and return their names.
+        """Merge each partition of treellm's tables in :attr:`database` that holds more than one
+        part into one (``OPTIMIZE TABLE ... PARTITION ID ... FINAL``), and return the names of the
+        tables merged.
 
         The views read the tables ``FINAL``; over one part ClickHouse reads without merging,
         which at 10M spans made the overview's queries 1.9 s -> 1.1 s. Over several (every
         insert adds one, and trace ids spread each over the whole key) every read merges them
-        again. A merge rewrites the table: :func:`~treellm.store.clickhouse_derive.run_derive`
-        decides how often. Raises the driver's error (one of :attr:`errors`), such as when the user
-        lacks the ``OPTIMIZE`` grant."""
+        again. Partitions are the days (chDB: months) traces were first derived (:data:`BUCKET`),
+        so a merge rewrites the partitions that received rows since the last one, not the table
+        (a table of an older treellm, made before the partitions, is one: rewritten whole).
+        :func:`~treellm.store.clickhouse_derive.run_derive` decides how often. Raises the
+        driver's error (one of :attr:`errors`), such as when the user lacks the ``OPTIMIZE``
+        grant."""
         found = self._rows(
-            "SELECT table, count() AS parts FROM system.parts WHERE database = ? AND active AND has(?, table) "
-            "GROUP BY table HAVING parts > 1 ORDER BY table",
+            "SELECT table, partition_id, count() AS parts FROM system.parts "
+            "WHERE database = ? AND active AND has(?, table) "
+            "GROUP BY table, partition_id HAVING parts > 1 ORDER BY table, partition_id",
             [self.database, list(TABLE_NAMES)],
         )
-        merged = tuple(str(name) for name in found["table"])
-        for name in merged:
-            self._command(f"OPTIMIZE TABLE {self.derived(name)} FINAL SETTINGS optimize_skip_merged_partitions = 1")
-        return merged
+        merged: dict[str, None] = {}
+        for name, partition in zip(found["table"], found["partition_id"], strict=True):
+            if not _PARTITION_ID.fullmatch(str(partition)):
+                raise StoreError(f"ClickHouse named a partition of {self.derived(str(name))} {partition!r}")
+            self._command(f"OPTIMIZE TABLE {self.derived(str(name))} PARTITION ID '{partition}' FINAL")
+            merged[str(name)] = None
+        return tuple(merged)
 
     def derived(self, name: str) -> str:
         """The qualified name of one of treellm's tables (:data:`TABLE_NAMES`)."""
@@ -473,6 +488,7 @@ def _chdb(path: str, table: str, database: str) -> ClickHouseConnection:
         errors=errors,
         table=table,
         database=database,
+        partition=MONTHLY,
     )  # a chDB folder's own database is always ``default``
 
 
