@@ -19,17 +19,16 @@ function is timed again over them (no DuckDB beside it: the figures to hold are 
 <= 5 s at 10M spans), as the copies left them (several parts a table) and after merging their
 parts as a derive pass does at its end, side by side. Deriving 10M spans through one worker
 would take K times the derive time above; the derive throughput per worker is the figure
-measured above. Copy k is dated k months before the derivation (``bucket``, what partitions
-treellm's tables: by month on chDB): K months of traces. Then each function over the same rows
-in tables of one partition (as treellm made them before the partitions), and the next pass: one
-more copy of the spans, derived today, and the merge after it, timed over both, side by side.
+measured above. Copy k is dated k days before the derivation (``bucket``). Then the same
+copies in tables partitioned by day (``DAILY``, a server's layout; chDB's tables are one
+partition), each function over them, and the next pass: one more copy of the spans, derived
+today, and the merge after it, timed over both layouts, side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import tempfile
 import time
@@ -47,7 +46,7 @@ from treellm import analysis  # noqa: E402
 from treellm.store import open_store  # noqa: E402
 from treellm.store.clickhouse import ClickHouseConnection, open_clickhouse  # noqa: E402
 from treellm.store.clickhouse_derive import run_derive, underived  # noqa: E402
-from treellm.store.clickhouse_views import DERIVED_SPANS, DERIVED_TRACES, DERIVED_VIEWS  # noqa: E402
+from treellm.store.clickhouse_views import DAILY, DERIVED_SPANS, DERIVED_TRACES, DERIVED_VIEWS  # noqa: E402
 
 BATCH = 50_000
 
@@ -90,32 +89,20 @@ def copy_rows(ch: ClickHouseConnection, source: str, target: str, table: str, *,
         f"subtractDays(`{c}`, {days_before})" if c == "bucket" else f"`{c}`"
         for c in columns
     )  # fmt: skip
-    ch.command(f"INSERT INTO {target}.{table} SELECT {values} FROM {source}.{table} FINAL")
+    names = ", ".join(f"`{c}`" for c in columns)
+    ch.command(f"INSERT INTO {target}.{table} ({names}) SELECT {values} FROM {source}.{table} FINAL")
 
 
-def copy_derived(ch: ClickHouseConnection, target: str, copies: int) -> None:
+def copy_derived(ch: ClickHouseConnection, target: str, copies: int, *, fresh: bool = False) -> None:
     """Fill the database ``target`` with ``copies`` copies of the derived tables of ``ch``'s
-    database (copy 0 as it is, copy k with ``-k`` after every trace and run id, k months older)."""
+    database (copy 0 as it is, copy k with ``-k`` after every trace and run id, k days older); the
+    tables as ``ch``'s unless ``fresh`` (then as :func:`open_clickhouse` made them in ``target``)."""
     for table in TABLES:
-        ch.command(f"DROP TABLE IF EXISTS {target}.{table} SYNC")  # columns as the source's, now
-        ch.command(f"CREATE TABLE {target}.{table} AS {ch.database}.{table}")
+        if not fresh:
+            ch.command(f"DROP TABLE IF EXISTS {target}.{table} SYNC")  # columns as the source's, now
+            ch.command(f"CREATE TABLE {target}.{table} AS {ch.database}.{table}")
         for k in range(copies):
-            copy_rows(ch, ch.database, target, table, suffix=f"-{k}" if k else "", days_before=31 * k)
-
-
-def whole_table_copy(ch: ClickHouseConnection, source: str, target: str) -> None:
-    """``target``: the tables of ``source`` with their rows, each table one partition sorted by
-    its key without ``bucket`` (as treellm made them before the partitions), merged."""
-    ch.command(f"CREATE DATABASE IF NOT EXISTS {target}")
-    for table in TABLES:
-        ddl = str(ch.df(f"SHOW CREATE TABLE {source}.{table}")["statement"][0])
-        ddl = re.sub(r"PARTITION BY \S+\n", "", ddl.replace(f"{source}.{table}", f"{target}.{table}"))
-        ch.command(f"DROP TABLE IF EXISTS {target}.{table} SYNC")
-        ch.command(
-            ddl.replace("ORDER BY (bucket, trace_id)", "ORDER BY trace_id").replace("ORDER BY (bucket, ", "ORDER BY (")
-        )
-        ch.command(f"INSERT INTO {target}.{table} SELECT * FROM {source}.{table}")
-        ch.command(f"OPTIMIZE TABLE {target}.{table} FINAL")
+            copy_rows(ch, ch.database, target, table, suffix=f"-{k}" if k else "", days_before=k)
 
 
 def next_pass_merge(ch: ClickHouseConnection, url: str, target: str) -> float:
@@ -204,26 +191,27 @@ def scaled(ch: ClickHouseConnection, url: str, copies: int, repeats: int) -> Non
     for name, _target, _label in FUNCTIONS:
         function = getattr(analysis, name)
         after[name] = median_time(lambda function=function: function(big), repeats)
-    whole = f"{target}_whole"
+    daily = f"{target}_daily"
+    ch.command(f"DROP DATABASE IF EXISTS {daily} SYNC")
+    by_day_con = open_clickhouse(url, database=daily, partition=DAILY)  # a server's tables
     t0 = time.perf_counter()
-    whole_table_copy(ch, target, whole)
-    print(f"the same rows in tables of one partition ({whole}, as before the partitions), merged, in "
-          f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
-    one_partition = open_clickhouse(url, database=whole)
-    print(f"{'function':26} {'result':>12} {'parts s':>9} {'merged s':>9} {'ratio':>7} {'one partition s':>16}")
+    copy_derived(ch, daily, copies, fresh=True)
+    by_day_con.compact()
+    print(f"the same copies in tables partitioned by day ({daily}), merged, in {time.perf_counter() - t0:.1f} s")
+    print(f"{'function':26} {'result':>12} {'parts s':>9} {'merged s':>9} {'ratio':>7} {'by day s':>9}")
     for name, _target, _label in FUNCTIONS:
         function = getattr(analysis, name)
         c_s, result = after[name]
-        w_s = median_time(lambda function=function: function(one_partition), repeats)[0]
-        print(f"{name:26} {size_of(result):>12} {timed[name]:9.3f} {c_s:9.3f} {c_s / timed[name]:7.2f} {w_s:16.3f}")
+        d_s = median_time(lambda function=function: function(by_day_con), repeats)[0]
+        print(f"{name:26} {size_of(result):>12} {timed[name]:9.3f} {c_s:9.3f} {c_s / timed[name]:7.2f} {d_s:9.3f}")
     print(f"\nthe next pass: one more copy ({rows // copies:,} spans) derived today, then the merge of the parts")
-    by_day = next_pass_merge(ch, url, target)
-    one = next_pass_merge(ch, url, whole)
+    one = next_pass_merge(ch, url, target)
+    by_day = next_pass_merge(ch, url, daily)
     print(f"{'tables':34} {'merge s':>8}")
-    print(f"{'one partition (before)':34} {one:8.1f}")
-    print(f"{'by bucket (chDB: one a month)':34} {by_day:8.1f}   {by_day / one:.2f}x")
-    one_partition.close()
-    ch.command(f"DROP DATABASE {whole} SYNC")  # the copies stay as they were for bench_dashboard.py
+    print(f"{'one partition (chDB)':34} {one:8.1f}")
+    print(f"{'a partition a day (a server)':34} {by_day:8.1f}   {by_day / one:.2f}x")
+    by_day_con.close()
+    ch.command(f"DROP DATABASE {daily} SYNC")  # the copies stay as they were for bench_dashboard.py
     for table in TABLES:
         ch.command(f"ALTER TABLE {target}.{table} DELETE WHERE endsWith(trace_id, '-next') SETTINGS mutations_sync = 1")
     big.compact()

@@ -45,8 +45,8 @@ from treellm.store.clickhouse_derive import (
 from treellm.store.clickhouse_ingest import ingest_clickhouse
 from treellm.store.clickhouse_views import (
     DAILY,
-    MONTHLY,
     TABLE_NAMES,
+    WHOLE,
     derived_spans_ddl,
     derived_traces_ddl,
     derived_view_ddl,
@@ -96,7 +96,7 @@ def duck_samples(folder: Path) -> Iterator[Any]:
     yield from _duckdb(folder / "samples.duckdb", SAMPLES)
 
 
-Connect = Callable[[str, str | None], ClickHouseConnection]
+Connect = Callable[..., ClickHouseConnection]
 
 
 @pytest.fixture(scope="module")
@@ -106,10 +106,10 @@ def connect(folder: Path) -> Iterator[Connect]:
     is not safe."""
     opened: list[ClickHouseConnection] = []
 
-    def open_one(name: str, database: str | None = None) -> ClickHouseConnection:
+    def open_one(name: str, database: str | None = None, partition: str | None = None) -> ClickHouseConnection:
         ch = open_clickhouse(
             f"chdb:{folder / 'chdb'}", table=f"{name}.otel_traces", database=database or f"treellm_{name}",
-            create_table=True,
+            create_table=True, partition=partition,
         )  # fmt: skip
         opened.append(ch)
         return ch
@@ -432,13 +432,13 @@ def _ns(day: str) -> int:
     return int(datetime.fromisoformat(f"{day}T12:00:00+00:00").timestamp()) * 10**9
 
 
-def test_a_trace_keeps_the_day_it_was_first_derived_and_a_merge_rewrites_only_the_partitions_that_grew(
+def test_a_trace_keeps_the_day_it_was_first_derived_and_a_merge_rewrites_only_the_days_that_grew(
     connect: Connect, folder: Path, duck_samples: Any
 ) -> None:
-    """Every table is partitioned by the day a trace was first derived (chDB: by its month): a
-    trace derived again (a late span) replaces its rows in that partition, and a merge rewrites
-    the partitions that received rows since the last one, never the ones before."""
-    ch = connect("buckets", None)
+    """On a server every table is partitioned by the day a trace was first derived (its layout,
+    here on chDB): a trace derived again (a late span) replaces its rows in that partition, and
+    a merge rewrites the partitions that received rows since the last one, never the days before."""
+    ch = connect("buckets", None, DAILY)
     db = folder / "buckets.duckdb"
     shutil.copy(folder / "samples.duckdb", db)
     tables = {"treellm_spans", "treellm_traces", *(f"treellm_{v}" for v in ("runs", "nodes", "tool_calls"))}
@@ -450,38 +450,43 @@ def test_a_trace_keeps_the_day_it_was_first_derived_and_a_merge_rewrites_only_th
             write_derived(con, ch, chosen, version)
             record_traces(ch, dict.fromkeys(chosen, (0, 0)), Shard(), version)
 
-        derive(first, _ns("2026-11-30"))
+        derive(first, _ns("2026-12-01"))
         ch.compact()
         before = _partitions(ch)
-        assert all(set(before[t]) == {"202611"} for t in tables)
-        derive([*second, first[0]], _ns("2026-12-01"))  # first[0] again: a late span arrived
+        assert all(set(before[t]) == {"20261201"} for t in tables)
+        derive([*second, first[0]], _ns("2026-12-02"))  # first[0] again: a late span arrived
         buckets = ch.df(f"SELECT DISTINCT trace_id, toString(bucket) AS b FROM {ch.database}.treellm_tool_calls")
         by_trace = dict(zip(buckets["trace_id"], buckets["b"], strict=True))
         assert len(buckets) == len(by_trace)  # one partition per trace, whatever its passes
-        assert {by_trace[t] for t in first if t in by_trace} == {"2026-11-30"}
-        assert {by_trace[t] for t in second if t in by_trace} == {"2026-12-01"}
+        assert {by_trace[t] for t in first if t in by_trace} == {"2026-12-01"}
+        assert {by_trace[t] for t in second if t in by_trace} == {"2026-12-02"}
         assert A.report(ch) == A.report(duck_samples)  # the trace derived twice counts once
         assert tables <= set(ch.compact())
         after = _partitions(ch)
         for table in tables:
-            assert set(after[table]) == {"202611", "202612"}, table
+            assert set(after[table]) == {"20261201", "20261202"}, table
             assert all(len(parts) == 1 for parts in after[table].values()), table
-            assert after[table]["202611"] != before[table]["202611"], table  # it grew: merged
-        derive(second[:1], _ns("2026-12-02"))  # the next pass: only the second month grows
+            assert after[table]["20261201"] != before[table]["20261201"], table  # it grew: merged
+        derive(second[:1], _ns("2026-12-02") + 1)  # the next pass: only the second day grows
         ch.compact()
         last = _partitions(ch)
         for table in tables:
-            assert last[table]["202611"] == after[table]["202611"], table  # not rewritten
-            assert len(last[table]["202612"]) == 1, table
+            assert last[table]["20261201"] == after[table]["20261201"], table  # not rewritten
+            assert len(last[table]["20261202"]) == 1, table
     assert A.report(ch) == A.report(duck_samples)
     assert A.tune(ch) == A.tune(duck_samples)
 
 
-def test_a_server_partitions_by_day_and_chdb_by_month() -> None:
-    """The tables' partition: a day on a server (a merge rewrites a day), a month on chDB (a
-    process that opens the folder loads every part: few partitions)."""
+def test_a_server_partitions_by_day_and_a_chdb_folder_not(connect: Connect) -> None:
+    """The tables' partition: a day on a server (a merge rewrites the days that grew), one on
+    chDB (a process that opens the folder loads every part, and reads each cold)."""
+    ch = connect("whole", None)
+    keys = ch.df(
+        f"SELECT DISTINCT partition_key FROM system.tables WHERE database = '{ch.database}' AND engine != 'View'"
+    )
+    assert list(keys["partition_key"]) == ["tuple()"]
     columns = [("trace_id", "VARCHAR", False), ("day", "DATE", False)]
-    for partition, expected in ((DAILY, "PARTITION BY bucket\n"), (MONTHLY, "PARTITION BY toYYYYMM(bucket)\n")):
+    for partition, expected in ((DAILY, "PARTITION BY bucket\n"), (WHOLE, "PARTITION BY tuple()\n")):
         ddls = [derived_spans_ddl("db", columns, partition=partition), derived_traces_ddl("db", partition=partition),
                 derived_view_ddl("db", "runs", [("trace_id", "VARCHAR", False)], partition=partition)]  # fmt: skip
         assert all(f"{expected}ORDER BY (bucket, trace_id" in ddl for ddl in ddls)
@@ -497,10 +502,10 @@ def test_tables_an_older_treellm_made_without_partitions_are_kept_and_still_deri
     older = [  # as the schema's version 6 made them: treellm_spans by month, the others one partition
         re.sub(r",\s*`?bucket`? Date", "", ddl.replace("treellm_v7_probe.", "treellm_v6."))
         .replace(
-            "PARTITION BY toYYYYMM(bucket)\nORDER BY (bucket, trace_id, span_id)",
+            "PARTITION BY tuple()\nORDER BY (bucket, trace_id, span_id)",
             "PARTITION BY toYYYYMM(day)\nORDER BY (trace_id, span_id)",
         )
-        .replace("PARTITION BY toYYYYMM(bucket)\nORDER BY (bucket, ", "ORDER BY (")
+        .replace("PARTITION BY tuple()\nORDER BY (bucket, ", "ORDER BY (")
         .replace("ORDER BY (trace_id)", "ORDER BY trace_id")
         .replace("'treellm:table:7'", "'treellm:table:6'")
         for ddl in ddls

@@ -49,12 +49,12 @@ from treellm.store.clickhouse_views import (
     DERIVED_TRACES,
     DERIVED_VIEWS,
     EVENT_COLUMNS,
-    MONTHLY,
     OTEL_TRACES_DDL,
     SPANS_TABLE_COLUMNS,
     TABLE_NAMES,
     TRACES_COLUMNS,
     VIEW_NAMES,
+    WHOLE,
     Column,
     check_names,
     clickhouse_type,
@@ -361,9 +361,10 @@ class ClickHouseConnection:
         The views read the tables ``FINAL``; over one part ClickHouse reads without merging,
         which at 10M spans made the overview's queries 1.9 s -> 1.1 s. Over several (every
         insert adds one, and trace ids spread each over the whole key) every read merges them
-        again. Partitions are the days (chDB: months) traces were first derived (:data:`BUCKET`),
-        so a merge rewrites the partitions that received rows since the last one, not the table
-        (a table of an older treellm, made before the partitions, is one: rewritten whole).
+        again. On a server the partitions are the days traces were first derived (:data:`BUCKET`),
+        so a merge rewrites the partitions that received rows since the last one, not the table;
+        a chDB folder's tables are one partition each (:data:`WHOLE`), as are those an older
+        treellm made: rewritten whole.
         :func:`~treellm.store.clickhouse_derive.run_derive` decides how often. Raises the
         driver's error (one of :attr:`errors`), such as when the user lacks the ``OPTIMIZE``
         grant."""
@@ -488,7 +489,7 @@ def _chdb(path: str, table: str, database: str) -> ClickHouseConnection:
         errors=errors,
         table=table,
         database=database,
-        partition=MONTHLY,
+        partition=WHOLE,
     )  # a chDB folder's own database is always ``default``
 
 
@@ -537,12 +538,15 @@ def open_clickhouse(
     database: str | None = None,
     create_table: bool = False,
     attach: bool = True,
+    partition: str | None = None,
 ) -> ClickHouseConnection:
     """Connect to ``url`` (``http(s)://user:password@host:8123/db`` or ``chdb:PATH``; default
     ``$TREELLM_CLICKHOUSE``) and create or upgrade treellm's views over ``table`` in
     ``database`` (default ``$TREELLM_CLICKHOUSE_DATABASE``, else ``treellm``). ``attach=False``
     connects only: for a reader that set the views up earlier in the same process (about 35
     queries and a view rewritten each, 0.14 s on chDB, saved on every later query).
+    ``partition``: how the tables it creates are partitioned (default :data:`DAILY` on a server,
+    :data:`WHOLE` on chDB).
 
     A bad URL, table or database name is a :class:`ConfigError` before any connection; a
     view's name that holds someone else's object is a :class:`NotOwnedError` naming it; a
@@ -562,6 +566,8 @@ def open_clickhouse(
         raise ConfigError(
             f"expected a ClickHouse URL such as http://localhost:8123 or chdb:./traces, got {display_url(target)!r}"
         )
+    if partition is not None:
+        con.partition = partition
     if not attach:
         return con
     try:

@@ -24,8 +24,8 @@ as a whole: its rows are renumbered from 1, and the numbers its earlier derivati
 its new count get a deletion (``ReplacingMergeTree(version, is_deleted)``). A pass stopped
 half-way leaves its traces' counts unrecorded: the next pass derives them again and replaces
 what it wrote. Every table is partitioned by the day its traces were first derived
-(:data:`BUCKET`, which leads each sorting key): a partition a day on a server, a month on
-chDB. Queries read plain columns (``FINAL`` over ``ReplacingMergeTree`` merges parts ordered
+(:data:`BUCKET`, which leads each sorting key) on a server; a chDB folder's tables are one
+partition each. Queries read plain columns (``FINAL`` over ``ReplacingMergeTree`` merges parts ordered
 by the key, cheap beside any filter on the trace), never a Map, nothing aggregated at read
 time.
 
@@ -52,9 +52,9 @@ from treellm.store.views import VIEWS, duckdb_views
 
 __all__ = [
     "BUCKET", "DAILY", "DEFAULT_TABLE", "DERIVED_SPANS", "DERIVED_TRACES", "DERIVED_VIEWS", "EVENT_COLUMNS",
-    "OTEL_TRACES_DDL", "SCHEMA_VERSION", "SPANS_TABLE_COLUMNS", "TABLE_NAMES", "VIEW_NAMES", "Column",
+    "OTEL_TRACES_DDL", "SCHEMA_VERSION", "SPANS_TABLE_COLUMNS", "TABLE_NAMES", "VIEW_NAMES", "WHOLE", "Column",
     "check_names", "clickhouse_type", "create_view", "derived_schema", "derived_spans_ddl", "derived_traces_ddl",
-    "derived_view_ddl", "is_marked", "marker", "MONTHLY", "TRACES_COLUMNS", "view_columns_wanted", "view_queries",
+    "derived_view_ddl", "is_marked", "marker", "TRACES_COLUMNS", "view_columns_wanted", "view_queries",
 ]  # fmt: skip
 
 DEFAULT_TABLE: Final = "otel_traces"
@@ -166,11 +166,13 @@ grew, never the older ones, and ``FINAL`` reads a merged partition without mergi
 partition key is a function of the sorting key's first column, so ClickHouse deduplicates each
 partition on its own)."""
 DAILY: Final = "bucket"
-"""A server's partitions: one a day, so a merge rewrites a day of traces, not a month."""
-MONTHLY: Final = "toYYYYMM(bucket)"
-"""chDB's partitions: one a month. chDB loads every part's metadata whenever a process opens the
-folder (13 tables of 300 partitions each, merged: 0.6 s against 0.04 s for one partition each),
-and a folder on one machine holds less than a cluster: a month of traces is a small merge."""
+"""A server's partitions: one a day, so a merge rewrites the days that grew, never the months
+before."""
+WHOLE: Final = "tuple()"
+"""A chDB folder's tables: one partition each. chDB loads every part's metadata whenever a
+process opens the folder (13 tables of 300 partitions each: 0.6 s against 0.04 s for one
+partition each), and reads each part cold (the dashboard's first loads at 10M spans: 0.1-0.6 s
+slower over 10 partitions a table, BENCHMARKS.md); a folder on one machine is merged whole."""
 
 
 def _keys(partition: str, key: str) -> str:
@@ -181,7 +183,7 @@ def derived_spans_ddl(database: str, columns: Sequence[Column], *, partition: st
     """``CREATE TABLE IF NOT EXISTS`` of ``database.treellm_spans``: one row per span with the
     columns of the store's ``spans`` table (``columns``, read from DuckDB: the one definition),
     its events, its :data:`BUCKET` and ``version``; merges keep the newest version of a (trace,
-    span); ``partition``: :data:`DAILY` or :data:`MONTHLY` (pure)."""
+    span); ``partition``: :data:`DAILY` or :data:`WHOLE` (pure)."""
     body = [f"`{name}` {clickhouse_type(kind, nullable=nullable)}" for name, kind, nullable in columns]
     body += [f"`{name}` {kind}" for name, kind in (*EVENT_COLUMNS, BUCKET)]
     body.append("`version` UInt64")
