@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -187,10 +187,13 @@ def _lines(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, object]) 
         yield [line for (line,) in rows]
 
 
-def write_derived(con: duckdb.DuckDBPyConnection, ch: ClickHouseConnection, traces: Sequence[str], version: int) -> int:
+def write_derived(
+    con: duckdb.DuckDBPyConnection, ch: ClickHouseConnection, traces: Sequence[str], version: int
+) -> tuple[int, dict[str, str]]:
     """Write the DuckDB store's derived spans of ``traces`` into ``treellm_spans``, and the rows
     of its views and judgements (:func:`~treellm.store.judged.create_judged`) over them into
-    their tables, with ``version``; returns how many spans. ``con``
+    their tables, with ``version``; returns how many spans, and each trace's bucket (for
+    :func:`record_traces`). ``con``
     is a treellm store that ingest filled with every span of ``traces``. The rows replace the
     traces' earlier ones as they are written, in the partitions of :func:`trace_buckets`;
     :func:`record_traces` then marks them derived."""
@@ -211,7 +214,7 @@ def write_derived(con: duckdb.DuckDBPyConnection, ch: ClickHouseConnection, trac
         for lines in _lines(con, view_rows_sql(view, names), {"version": version}):
             ch.insert_json_rows(lines, target=ch.derived(table))
         _delete_beyond(con, ch, view, table, version)
-    return written
+    return written, buckets
 
 
 def _delete_beyond(
@@ -260,11 +263,19 @@ def trace_buckets(ch: ClickHouseConnection, traces: Sequence[str], version: int)
     return buckets
 
 
-def record_traces(ch: ClickHouseConnection, counts: dict[str, tuple[int, int]], shard: Shard, version: int) -> None:
+def record_traces(
+    ch: ClickHouseConnection,
+    counts: dict[str, tuple[int, int]],
+    shard: Shard,
+    version: int,
+    buckets: Mapping[str, str] | None = None,
+) -> None:
     """Record in ``treellm_traces`` that each trace was derived from ``counts[trace] = (distinct
-    spans, last span end ns)`` of the spans table, in its partition (:func:`trace_buckets`)."""
+    spans, last span end ns)`` of the spans table, in its partition: ``buckets`` as
+    :func:`write_derived` wrote the rows, else :func:`trace_buckets` asked again."""
     now, schema = time.time_ns(), current_schema()
-    buckets = trace_buckets(ch, list(counts), version)
+    if buckets is None:
+        buckets = trace_buckets(ch, list(counts), version)
     rows = [
         json.dumps({"trace_id": trace, "spans": spans, "last_ns": last, "derived_ns": now, "shard": str(shard),
                     "version": version, "schema": schema, "bucket": buckets[trace]})
@@ -476,8 +487,8 @@ def derive_traces(
         report = ingest(db, [otlp], "otlp-jsonl", skip_bad=True)
         with connect_quietly(str(db)) as con:
             con.execute("UPDATE spans SET source = ?", [ch.table])
-            written = write_derived(con, ch, list(chosen), version)
-    record_traces(ch, chosen, shard, version)
+            written, buckets = write_derived(con, ch, list(chosen), version)
+    record_traces(ch, chosen, shard, version, buckets)
     return spans_read, written, report.runs, report.bad_records
 
 

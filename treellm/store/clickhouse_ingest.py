@@ -171,8 +171,8 @@ def ingest_clickhouse(
             new = [trace for trace, known in touched if not known]
             if new:
                 version = time.time_ns()
-                write_derived(con, ch, new, version)
-                record_traces(ch, _counts(ch, new), Shard(), version)
+                _, buckets = write_derived(con, ch, new, version)
+                record_traces(ch, _counts(ch, new), Shard(), version, buckets)
             known = [trace for trace, known in touched if known]
             if known:
                 derive_traces(ch, _counts(ch, known), Shard())
