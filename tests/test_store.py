@@ -229,6 +229,32 @@ def test_corrupt_inputs_give_a_clear_error_and_leave_the_store_unchanged(
     con.close()
 
 
+def test_an_ingest_checkpoints_what_it_wrote_and_gives_back_duckdbs_vacuum_setting(
+    tmp_path: Path, demo_jsonl: tuple[Path, RunResult]
+) -> None:
+    """An ingest checkpoints with DuckDB's vacuum off (merging the partial row groups of a parallel
+    insert rewrote the table just written), then gives ``max_vacuum_tasks`` back its value: a setting
+    of the database, shared by every connection of the process (one is held open here), after a good
+    file and after a bad one alike."""
+    path, _ = demo_jsonl
+    db = tmp_path / "t.duckdb"
+    held = open_store(db)
+    try:
+        held.execute("SET max_vacuum_tasks = 37")
+        ingest(db, [path])
+        assert rows(held, "SELECT current_setting('max_vacuum_tasks')") == [(37,)]
+        wal = db.with_name(db.name + ".wal")
+        assert not wal.exists() or wal.stat().st_size == 0  # checkpointed, though the database stays open
+        assert rows(held, "SELECT count(*) > 0 FROM spans") == [(True,)]
+        bad = tmp_path / "bad.jsonl"
+        bad.write_bytes(corrupt_variants(path.read_bytes())["bad ids"][0])
+        with pytest.raises(IngestError):
+            ingest_file(db, bad, "otlp-jsonl")
+        assert rows(held, "SELECT current_setting('max_vacuum_tasks')") == [(37,)]
+    finally:
+        held.close()
+
+
 def test_a_100_mb_line_is_refused_with_its_line_number(tmp_path: Path, demo_jsonl: tuple[Path, RunResult]) -> None:
     path, _ = demo_jsonl
     huge = tmp_path / "huge.jsonl"
