@@ -405,6 +405,29 @@ def test_a_store_written_before_the_views_were_recorded_reads_as_it_is(tmp_path:
     con.close()
 
 
+@pytest.mark.parametrize(("chunks_of_input", "expected"), [(0.7, 1), (1.4, 1), (2.3, 2), (2.6, 3)])
+def test_the_last_chunk_takes_a_rest_smaller_than_half_a_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunks_of_input: float, expected: int
+) -> None:
+    """Each chunk costs its own statements and insert: a rest under ``CHUNK_TAIL_SLACK`` chunks
+    goes with the chunk before it rather than alone; every other chunk is at least ``CHUNK_BYTES``."""
+    import importlib
+
+    ingest_module = importlib.import_module("treellm.store.ingest")
+    chunk = 40 * 1024
+    monkeypatch.setattr(ingest_module, "CHUNK_BYTES", chunk)
+    line = b'{"resourceSpans": []}' + b" " * 1002 + b"\n"  # 1 KiB
+    source = tmp_path / "lines.jsonl"
+    source.write_bytes(line * int(chunks_of_input * chunk / len(line)))
+    folder = tmp_path / "pieces"
+    folder.mkdir()
+    sizes = [size for _, size in ingest_module._chunks([source], folder, 4 * 1024)]
+    assert len(sizes) == expected and sum(sizes) == source.stat().st_size, sizes
+    assert all(size >= chunk for size in sizes[:-1])
+    assert len(sizes) == 1 or sizes[-1] >= ingest_module.CHUNK_TAIL_SLACK * chunk
+    assert not list(folder.iterdir())  # the copies went with their chunks
+
+
 def test_a_large_file_is_staged_in_chunks_within_one_transaction(
     tmp_path: Path, demo_jsonl: tuple[Path, RunResult], monkeypatch: pytest.MonkeyPatch
 ) -> None:
