@@ -829,22 +829,24 @@ def test_a_frame_handed_to_duckdb_inside_a_transaction_is_not_kept_until_the_com
     import duckdb
     import pandas as pd
 
-    from treellm.derive.foreign import frames_as_tables
+    from treellm.derive.foreign import columns, frames_as_tables
 
     con = duckdb.connect()
     con.execute("CREATE TEMP TABLE sink (a VARCHAR)")
     con.execute("BEGIN TRANSACTION")
 
-    def handed(way: str) -> weakref.ref[pd.DataFrame]:
-        frame = pd.DataFrame({"a": pd.array(["x", "y"], dtype="string[python]")})
+    def handed(way: str) -> weakref.ref[Any]:
         if way == "register":  # the way DuckDB keeps it: the control of this test
+            frame = pd.DataFrame({"a": pd.array(["x", "y"], dtype="string[python]")})
             con.register("frame_view", frame)
             con.execute("INSERT INTO sink SELECT a FROM frame_view")
             con.unregister("frame_view")
-        else:
-            with frames_as_tables(con, handed_frame=frame):
-                con.execute("INSERT INTO sink SELECT a FROM handed_frame")
-        return weakref.ref(frame)
+            return weakref.ref(frame)
+        typed = columns({"a": ["x", "y"]})
+        held = weakref.ref(typed["a"][1])
+        with frames_as_tables(con, handed_frame=typed):
+            con.execute("INSERT INTO sink SELECT a FROM handed_frame")
+        return held
 
     kept = {way: handed(way) for way in ("register", "tables")}
     gc.collect()

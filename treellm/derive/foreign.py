@@ -61,7 +61,6 @@ from typing import Any, Final
 import duckdb
 import numpy as np
 import orjson
-import pandas as pd
 
 from treellm import settings
 from treellm.derive import trees_sql
@@ -79,6 +78,8 @@ __all__ = [
     "PLACED_COLUMNS",
     "PLACED_JOINS",
     "finish_foreign",
+    "Columns",
+    "columns",
     "frames_as_tables",
     "internal_tools",
     "place_foreign",
@@ -243,36 +244,49 @@ _BOOLEAN = frozenset({"internal", "failed", "orphan", "result_failed", "summary"
 _INTEGER = frozenset({"node_depth", "ordinal"})
 
 
+Columns = dict[str, tuple[str, np.ndarray]]
+"""Columns for DuckDB to scan: name -> (SQL type, values). See :func:`columns`."""
+
+
 @contextmanager
-def frames_as_tables(con: duckdb.DuckDBPyConnection, **frames: pd.DataFrame) -> Iterator[None]:
-    """Each frame as a temporary table of its name for the block, its rows copied in (through a
-    relation, never ``register``), so the frame can go as soon as the caller drops it. A frame
-    registered inside a transaction stays alive until the transaction ends, even once
-    unregistered (DuckDB keeps the dropped view for a rollback): an ingest of a 1 GB file held
-    hundreds of MB of them (BENCHMARKS.md, "Ingest memory"). The tables are not dropped when the
-    block raises: after a DuckDB error the transaction is aborted, and a DROP would hide that
-    error behind "Current transaction is aborted" (the rollback drops them)."""
-    for name, frame in frames.items():
-        rows = con.from_df(frame)
-        columns = ", ".join(f'"{column}" {kind}' for column, kind in zip(rows.columns, rows.types, strict=True))
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} ({columns})")
-        rows.insert_into(name)
+def frames_as_tables(con: duckdb.DuckDBPyConnection, **frames: Columns) -> Iterator[None]:
+    """Each set of :func:`columns` as a temporary table of its name for the block, of its columns'
+    types, its rows copied in by one scan of the arrays: DuckDB reads a dict of NumPy arrays by its
+    variable's name, looked up the Python stack, for the statement only. Never ``register``: a
+    transaction keeps the registered object alive until it ends, even once unregistered (it keeps
+    the dropped view for a rollback), and an ingest of a 1 GB file held hundreds of MB so
+    (BENCHMARKS.md, "Ingest memory"). No pandas: the ingest command imports none (0.16-0.35 s, and
+    68 MB resident before DuckDB gets its share). The tables are not dropped when the block raises:
+    after a DuckDB error the transaction is aborted, and a DROP would hide that error behind
+    "Current transaction is aborted" (the rollback drops them)."""
+    con.execute("SET python_scan_all_frames = true")  # found by name through a caller's wrapper of ``con`` too
+    for name, typed in frames.items():
+        declared = ", ".join(f'"{column}" {kind}' for column, (kind, _) in typed.items())
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} ({declared})")
+        treellm_scanned = {column: values for column, (_, values) in typed.items()}  # read by its name below
+        con.execute(f"INSERT INTO {name} SELECT * FROM treellm_scanned")
+        del treellm_scanned
+    con.execute("RESET python_scan_all_frames")
     yield
     for name in frames:
         con.execute(f"DROP TABLE IF EXISTS {name}")
 
 
-def _frame(columns: dict[str, Any]) -> pd.DataFrame:
-    """A frame for DuckDB to scan, typed explicitly (no inference over Python objects): lists
-    become text, nullable booleans or nullable integers by name; arrays stay as they are."""
-    typed = {}
-    for name, values in columns.items():
-        if isinstance(values, np.ndarray):
-            typed[name] = values
-        else:
-            dtype = "boolean" if name in _BOOLEAN else "Int32" if name in _INTEGER else "string[python]"
-            typed[name] = pd.array(values, dtype=dtype)
-    return pd.DataFrame(typed, copy=False)
+_NUMPY_TYPES = {"b": "BOOLEAN", "i": "BIGINT", "u": "UBIGINT", "f": "DOUBLE"}
+
+
+def columns(values: dict[str, Any]) -> Columns:
+    """Columns typed explicitly by name (no inference over Python objects): lists become nullable
+    booleans (:data:`_BOOLEAN`), nullable integers (:data:`_INTEGER`) or text; NumPy arrays of
+    numbers or booleans keep their type."""
+    typed: Columns = {}
+    for name, column in values.items():
+        if isinstance(column, np.ndarray) and column.dtype.kind in _NUMPY_TYPES:
+            typed[name] = (_NUMPY_TYPES[column.dtype.kind], column)
+            continue
+        kind = "BOOLEAN" if name in _BOOLEAN else "INTEGER" if name in _INTEGER else "VARCHAR"
+        typed[name] = (kind, np.fromiter(column, dtype=object, count=len(column)))
+    return typed
 
 
 _TOOL_ROWS = "FROM foreign_in i JOIN foreign_roles r USING (role_key) WHERE r.role = 'tool' AND NOT i.caught"
@@ -354,7 +368,7 @@ def _read_foreign(con: duckdb.DuckDBPyConnection, internal: frozenset[str]) -> b
     if not role_keys:
         return False
     answers = [conventions.role_of(*_role_stub(key)) for key in role_keys]
-    roles = _frame({"role_key": role_keys, "role": [r for r, _ in answers], "family": [f for _, f in answers]})
+    roles = columns({"role_key": role_keys, "role": [r for r, _ in answers], "family": [f for _, f in answers]})
     with frames_as_tables(con, foreign_roles=roles):
         _read_calls(con, internal)
     return True
@@ -365,7 +379,7 @@ def _read_calls(con: duckdb.DuckDBPyConnection, internal: frozenset[str]) -> Non
     (``foreign_roles`` registered), and the update of every new span (:data:`_FOREIGN_UPDATE`)."""
     tool_keys = [key for (key,) in con.execute(f"SELECT DISTINCT i.tool_key {_TOOL_ROWS}").fetchall()]
     names = [_tool_name(key) for key in tool_keys]
-    tools = _frame(
+    tools = columns(
         {
             "tool_key": tool_keys,
             "tool_name": names,
@@ -375,7 +389,7 @@ def _read_calls(con: duckdb.DuckDBPyConnection, internal: frozenset[str]) -> Non
     )
     args_keys = [key for (key,) in con.execute(f"SELECT DISTINCT i.args_key {_TOOL_ROWS}").fetchall()]
     read = [conventions.arguments_of(tuple(orjson.loads(key))) for key in args_keys]
-    args = _frame({"args_key": args_keys, "arguments": [a for a, _ in read], "argument_id": [i for _, i in read]})
+    args = columns({"args_key": args_keys, "arguments": [a for a, _ in read], "argument_id": [i for _, i in read]})
     texts = [
         text
         for (text,) in con.execute(
@@ -387,7 +401,7 @@ def _read_calls(con: duckdb.DuckDBPyConnection, internal: frozenset[str]) -> Non
     for result, _ in unwrapped:
         if result is not None and result not in facts:
             facts[result] = (repeats.is_failure(_DEFAULT_RULE, result), result_hash(result))
-    results = _frame(
+    results = columns(
         {
             "result_text": texts,
             "result": [r for r, _ in unwrapped],
@@ -403,7 +417,7 @@ def _read_calls(con: duckdb.DuckDBPyConnection, internal: frozenset[str]) -> Non
             "JOIN foreign_tools t USING (tool_key) JOIN foreign_args a USING (args_key) "
             "WHERE t.tool_name <> '' AND a.arguments IS NOT NULL"
         ).fetchall()
-        signatures = _frame(
+        signatures = columns(
             {
                 "tool": [t for t, _ in pairs],
                 "arguments": [a for _, a in pairs],
@@ -515,7 +529,7 @@ def _keyed_from_parents(con: duckdb.DuckDBPyConnection, spans: dict[str, list[An
         bare = [i for i in bare if digests[i] is None or (traces[i], parents[i]) in arrived]
     if not bare:
         return
-    frame = _frame(
+    frame = columns(
         {
             "i": np.asarray(bare, dtype=np.int64),
             "trace_id": [spans["trace_id"][i] for i in bare],
@@ -537,7 +551,7 @@ def _keyed_from_parents(con: duckdb.DuckDBPyConnection, spans: dict[str, list[An
             found[i] = (call[0], call[1], signature(tool, arguments_value(call[0])))
     if not found:
         return
-    keyed = _frame(
+    keyed = columns(
         {
             "trace_id": [spans["trace_id"][i] for i in found],
             "span_id": [spans["span_id"][i] for i in found],
@@ -630,7 +644,7 @@ def _record_placed(
     con: duckdb.DuckDBPyConnection, placed: Sequence[Placement], keys: Sequence[_StoredKey | None]
 ) -> None:
     """Keep one batch of the placement's answer in ``foreign_placed`` (see :func:`_place`)."""
-    frame = _frame(
+    frame = columns(
         {
             "trace_id": [p.trace_id for p in placed],
             "span_id": [p.span_id for p in placed],
@@ -676,7 +690,7 @@ def _place_flat(con: duckdb.DuckDBPyConnection) -> None:
     derived = [_stored_key(tool, args) for tool, args in pairs]
     kept = [targets for (targets,) in con.execute(trees_sql.KEPT_TARGETS).fetchall()]
     frames = {
-        "flat_keys": _frame(
+        "flat_keys": columns(
             {
                 "k_tool": [tool for tool, _ in pairs],
                 "k_args": [args for _, args in pairs],
@@ -685,7 +699,7 @@ def _place_flat(con: duckdb.DuckDBPyConnection) -> None:
                 "k_changes": np.array([_targets(targets).changes_state for _, targets in derived], dtype=bool),
             }
         ),
-        "flat_kept": _frame(
+        "flat_kept": columns(
             {"t_targets": kept, "t_changes": np.array([_targets(t).changes_state for t in kept], dtype=bool)}
         ),
     }

@@ -63,13 +63,13 @@ from typing import Any, Literal
 
 import duckdb
 import orjson
-import pandas as pd
 
 from treellm import settings
 from treellm.derive.foreign import (
     FOREIGN_COLUMNS,
     PLACED_COLUMNS,
     PLACED_JOINS,
+    columns,
     frames_as_tables,
     internal_tools,  # noqa: F401  (read here by callers of ingest)
 )
@@ -673,7 +673,8 @@ def _redact_foreign(con: duckdb.DuckDBPyConnection, capture: ForeignCapture) -> 
             places.add(place)
     texts = [(column, value, new) for column, value in con.execute(REDACT_TEXTS_SQL).fetchall()
              if (new := _redacted_text(capture, column, value)) != value]  # fmt: skip
-    keys = pd.DataFrame([kv for kv in rules.items() if kv[1] != "redact"], columns=["k", "rule"], dtype="string")
+    kept = [(key, rule) for key, rule in rules.items() if rule != "redact"]
+    keys = columns({"k": [key for key, _ in kept], "rule": [rule for _, rule in kept]})
     values: dict[tuple[str, str], str] = {}
     with frames_as_tables(con, redact_keys=keys):
         for place, rule, value in con.execute(REDACT_VALUES_SQL).fetchall():
@@ -683,8 +684,8 @@ def _redact_foreign(con: duckdb.DuckDBPyConnection, capture: ForeignCapture) -> 
     replaced = [(rule, value, new) for (rule, value), new in values.items()]
     frames = {
         "redact_keys": keys,
-        "redact_texts": pd.DataFrame(texts, columns=["col", "v", "r"], dtype="string"),
-        "redact_values": pd.DataFrame(replaced, columns=["rule", "v", "r"], dtype="string"),
+        "redact_texts": columns({name: [row[i] for row in texts] for i, name in enumerate(("col", "v", "r"))}),
+        "redact_values": columns({name: [row[i] for row in replaced] for i, name in enumerate(("rule", "v", "r"))}),
     }
     with frames_as_tables(con, **frames):
         for column in dict.fromkeys(column for column, _, _ in texts):
