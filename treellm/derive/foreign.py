@@ -77,9 +77,9 @@ __all__ = [
     "FOREIGN_COLUMNS",
     "PLACED_COLUMNS",
     "PLACED_JOINS",
-    "finish_foreign",
     "Columns",
     "columns",
+    "finish_foreign",
     "frames_as_tables",
     "internal_tools",
     "place_foreign",
@@ -260,6 +260,7 @@ def frames_as_tables(con: duckdb.DuckDBPyConnection, **frames: Columns) -> Itera
     after a DuckDB error the transaction is aborted, and a DROP would hide that error behind
     "Current transaction is aborted" (the rollback drops them)."""
     con.execute("SET python_scan_all_frames = true")  # found by name through a caller's wrapper of ``con`` too
+    # (this connection's own setting; left set only when an insert fails, and the transaction with it)
     for name, typed in frames.items():
         declared = ", ".join(f'"{column}" {kind}' for column, (kind, _) in typed.items())
         con.execute(f"CREATE OR REPLACE TEMP TABLE {name} ({declared})")

@@ -837,9 +837,10 @@ def _load_jsonl(
     :func:`duckdb_share` of it), else DuckDB alone (an exporter or a flusher inside a process that
     holds much else)."""
     con = open_store(db, retries=retries)
-    vacuum = int(_count(con, "SELECT current_setting('max_vacuum_tasks')"))
+    vacuum: int | None = None
     try:
-        con.execute("SET max_vacuum_tasks = 0")  # see _checkpoint_unmerged
+        vacuum = int(_count(con, "SELECT current_setting('max_vacuum_tasks')"))
+        con.execute("SET max_vacuum_tasks = 0")  # why: the note below this function
         limit, limit_bytes = MEMORY_LIMIT, settings.size_bytes(MEMORY_LIMIT)
         if bound_process:
             limit_bytes = duckdb_share(limit_bytes, _resident_bytes())
@@ -872,7 +873,10 @@ def _load_jsonl(
         raise StoreError(f"{display}: the store refused the data: {exc}", path=display) from exc
     finally:
         try:
-            con.execute(f"SET max_vacuum_tasks = {vacuum}")  # a setting of the process's database
+            if vacuum is not None:
+                con.execute(f"SET max_vacuum_tasks = {vacuum}")  # a setting of the process's database
+        except duckdb.Error:
+            pass  # a connection DuckDB broke: the error that broke it is the one to raise
         finally:
             con.close()
 
