@@ -204,8 +204,8 @@ def test_a_trace_derived_again_into_fewer_rows_keeps_none_of_the_old(
     shutil.copy(folder / "samples.duckdb", db)
     with open_store(db) as con:
         traces = [t for (t,) in con.execute("SELECT DISTINCT trace_id FROM spans ORDER BY 1").fetchall()]
-        write_derived(con, ch, traces, version=1)
-        record_traces(ch, dict.fromkeys(traces, (0, 0)), Shard(), 1)
+        _, buckets = write_derived(con, ch, traces, version=1)
+        record_traces(ch, dict.fromkeys(traces, (0, 0)), Shard(), 1, buckets)
         assert normalised(ch.df("SELECT * EXCEPT (source) FROM runs")) == normalised(
             con.execute("SELECT * EXCLUDE (source) FROM runs").df()
         )
@@ -213,8 +213,8 @@ def test_a_trace_derived_again_into_fewer_rows_keeps_none_of_the_old(
         run = str(A.repeats(con)["run_id"].iloc[0])  # a run with an identical repeat: judged rows go too
         con.execute("DELETE FROM span_events WHERE span_id IN (SELECT span_id FROM spans WHERE run_id = ?)", [run])
         con.execute("DELETE FROM spans WHERE run_id = ?", [run])
-        write_derived(con, ch, traces, version=2)
-        record_traces(ch, dict.fromkeys(traces, (0, 0)), Shard(), 2)
+        _, buckets = write_derived(con, ch, traces, version=2)
+        record_traces(ch, dict.fromkeys(traces, (0, 0)), Shard(), 2, buckets)
         for view in ("runs", "nodes", "tool_calls", "loop_events"):
             columns = [c for c in con.execute(f"SELECT * FROM {view} LIMIT 0").df().columns if c != "source"]
             select = f"SELECT {', '.join(f'`{c}`' for c in columns)} FROM {view}"
@@ -447,8 +447,8 @@ def test_a_trace_keeps_the_day_it_was_first_derived_and_a_merge_rewrites_only_th
         first, second = traces[: len(traces) // 2], traces[len(traces) // 2 :]
 
         def derive(chosen: list[str], version: int) -> None:
-            write_derived(con, ch, chosen, version)
-            record_traces(ch, dict.fromkeys(chosen, (0, 0)), Shard(), version)
+            _, buckets = write_derived(con, ch, chosen, version)
+            record_traces(ch, dict.fromkeys(chosen, (0, 0)), Shard(), version, buckets)
 
         derive(first, _ns("2026-12-01"))
         ch.compact()

@@ -428,6 +428,26 @@ def test_the_last_chunk_takes_a_rest_smaller_than_half_a_chunk(
     assert not list(folder.iterdir())  # the copies went with their chunks
 
 
+def test_a_file_that_grows_while_it_is_read_is_still_staged_in_bounded_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rest is counted from the files' sizes when the ingest starts; a file appended to since
+    (a live log) holds more, and no chunk may then grow past ``1 + CHUNK_TAIL_SLACK`` chunks."""
+    import importlib
+
+    ingest_module = importlib.import_module("treellm.store.ingest")
+    chunk = 40 * 1024
+    monkeypatch.setattr(ingest_module, "CHUNK_BYTES", chunk)
+    source = tmp_path / "growing.jsonl"
+    source.write_bytes(b"{}\n")  # its size when the chunks are planned
+    monkeypatch.setattr(
+        ingest_module, "_pieces", lambda sources, folder, piece_bytes: ((source, chunk // 2, False) for _ in range(10))
+    )
+    sizes = [size for _, size in ingest_module._chunks([source], tmp_path, 4 * 1024)]
+    assert sum(sizes) == 5 * chunk and len(sizes) > 1, sizes
+    assert max(sizes) <= (1 + ingest_module.CHUNK_TAIL_SLACK) * chunk, sizes
+
+
 def test_a_large_file_is_staged_in_chunks_within_one_transaction(
     tmp_path: Path, demo_jsonl: tuple[Path, RunResult], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -268,14 +268,12 @@ def record_traces(
     counts: dict[str, tuple[int, int]],
     shard: Shard,
     version: int,
-    buckets: Mapping[str, str] | None = None,
+    buckets: Mapping[str, str],
 ) -> None:
     """Record in ``treellm_traces`` that each trace was derived from ``counts[trace] = (distinct
     spans, last span end ns)`` of the spans table, in its partition: ``buckets`` as
-    :func:`write_derived` wrote the rows, else :func:`trace_buckets` asked again."""
+    :func:`write_derived` wrote the rows (:func:`trace_buckets`)."""
     now, schema = time.time_ns(), current_schema()
-    if buckets is None:
-        buckets = trace_buckets(ch, list(counts), version)
     rows = [
         json.dumps({"trace_id": trace, "spans": spans, "last_ns": last, "derived_ns": now, "shard": str(shard),
                     "version": version, "schema": schema, "bucket": buckets[trace]})

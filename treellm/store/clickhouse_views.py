@@ -230,7 +230,8 @@ def view_columns_wanted(columns: Sequence[Column]) -> list[tuple[str, str]]:
 
 def derived_view_ddl(database: str, view: str, columns: Sequence[Column], *, partition: str = DAILY) -> str:
     """``CREATE TABLE IF NOT EXISTS`` of the table of the DuckDB view ``view``: its ``columns``
-    (read from DuckDB: the one definition), each row's number in its trace and ``version`` (pure)."""
+    (read from DuckDB: the one definition) and :data:`ROW_COLUMNS`; ``partition``: :data:`DAILY`
+    or :data:`WHOLE` (pure)."""
     body = ",\n    ".join(f"`{name}` {kind}" for name, kind in view_columns_wanted(columns))
     return (
         f"CREATE TABLE IF NOT EXISTS {database}.{DERIVED_VIEWS[view]} (\n    {body}\n)\n"

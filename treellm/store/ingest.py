@@ -613,7 +613,8 @@ in chunks of 256."""
 
 def _chunks(sources: Sequence[Path], folder: Path, piece_bytes: int) -> Iterator[tuple[list[Path], int]]:
     """(piece files, bytes) of about :data:`CHUNK_BYTES` each, the last taking a rest smaller than
-    :data:`CHUNK_TAIL_SLACK` chunks (see :func:`_pieces`); the copies of a chunk go once it is staged."""
+    :data:`CHUNK_TAIL_SLACK` chunks, none past ``1 + CHUNK_TAIL_SLACK`` chunks even when a file grows
+    while it is read (see :func:`_pieces`); the copies of a chunk go once it is staged."""
     chunk: list[tuple[Path, bool]] = []
     staged = 0
     left = sum(source.stat().st_size for source in sources)
@@ -621,8 +622,10 @@ def _chunks(sources: Sequence[Path], folder: Path, piece_bytes: int) -> Iterator
         for piece, size, copied in _pieces(sources, folder, piece_bytes):
             chunk.append((piece, copied))
             staged += size
-            left -= size
-            if staged >= CHUNK_BYTES and left >= CHUNK_TAIL_SLACK * CHUNK_BYTES:
+            left -= size  # below 0 when a file grew since: the cap below still holds
+            if staged >= CHUNK_BYTES and (
+                left >= CHUNK_TAIL_SLACK * CHUNK_BYTES or staged >= (1 + CHUNK_TAIL_SLACK) * CHUNK_BYTES
+            ):
                 yield [path for path, _ in chunk], staged
                 _remove_copies(chunk)
                 staged = 0
