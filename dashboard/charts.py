@@ -1,7 +1,13 @@
-"""Pure ``DataFrame -> plotly Figure`` builders: no Streamlit, no store, unit-tested.
+"""Pure ``DataFrame -> chart`` builders: no Streamlit, no store, unit-tested.
+
+The overview's and the tools page's bar and line charts are Vega-Lite (Altair): Streamlit loads
+Vega with every page anyway, while plotly's 4.7 MB of JavaScript is loaded and run only on a page
+that draws a plotly figure, about a second of each load on two cores (BENCHMARKS.md, "Dashboard").
+Vega draws text as text, so trace strings reach those charts through :func:`chart_text` (one line,
+cut). The trees, the timeline, the shapes' scatter and the what-if chart stay plotly.
 
 Everything that comes from a trace goes through :func:`plotly_text` before it reaches a
-figure: plotly renders a subset of HTML (``<b>``, ``<a href>``, ``<br>``, ``<span style>``,
+plotly figure: plotly renders a subset of HTML (``<b>``, ``<a href>``, ``<br>``, ``<span style>``,
 entities) in text, hover text, legend names, titles and tick labels, so a name, id or
 argument could otherwise inject markup or a link. Node ids never serve as plotly ids.
 Trees are laid out by igraph's Reingold-Tilford layout, or drawn as an icicle (plotly's
@@ -14,12 +20,16 @@ import html
 import json
 from typing import Any
 
+import altair as alt
 import igraph
 import pandas as pd
 import plotly.graph_objects as go
 
+from dashboard.text import plain
+
 __all__ = [
     "KIND_COLORS",
+    "chart_text",
     "TREE_ICICLE_AT",
     "plotly_text",
     "prune_rate_chart",
@@ -67,62 +77,131 @@ BARS_WITHIN_DAYS = 31
 would be a hairline on the date axis, so counts are drawn as lines with markers."""
 
 
-def runs_over_time_chart(by_day: pd.DataFrame) -> go.Figure:
-    """Runs, tool calls, pruned calls and wasted repeats per day, with the prune rate: days on
-    a date axis (gaps show as gaps), counts and the rate never drawn below zero."""
+def chart_text(value: Any, limit: int = 160) -> str:
+    """``value`` as a Vega-Lite chart shows it: one line without control characters
+    (:func:`dashboard.text.plain`), cut to ``limit`` characters. Vega draws text as text (no
+    markup, no entities), so nothing is escaped. Missing values are ``""``."""
+    text = plain(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _empty_vega(title: str, message: str) -> alt.Chart:
+    chart: alt.Chart = (
+        alt.Chart(pd.DataFrame({"message": [message]}))
+        .mark_text(size=14, color="#666666")
+        .encode(text="message:N")
+        .properties(title=title, height=200)
+    )
+    return chart
+
+
+COUNT_SERIES = (("runs", "runs"), ("tool_calls", "tool calls"), ("pruned", "pruned"), ("wasted", "wasted"))
+OVER_TIME_COLORS = {"runs": "#4C78A8", "tool calls": "#9ECAE9", "pruned": "#E45756", "wasted": "#FF9DA6",
+                    "prune rate": "#54A24B"}  # fmt: skip
+
+
+def runs_over_time_chart(by_day: pd.DataFrame) -> alt.LayerChart | alt.Chart:
+    """Runs, tool calls, pruned calls and wasted repeats per day, with the prune rate on its own
+    axis (right): days on a UTC date axis (gaps show as gaps), counts and the rate never drawn
+    below zero. Vega-Lite, not plotly: the overview loads no plotly (its 4.7 MB of JavaScript
+    was a second of every load, BENCHMARKS.md "Dashboard")."""
     if by_day.empty:
-        return _empty("Over time", "no runs")
+        return _empty_vega("Over time", "no runs")
     days = pd.to_datetime(by_day["day"])
     span_days = (days.max() - days.min()).days
-    fig = go.Figure()
-    for column, name in (("runs", "runs"), ("tool_calls", "tool calls"), ("pruned", "pruned"), ("wasted", "wasted")):
-        if span_days <= BARS_WITHIN_DAYS:
-            fig.add_bar(x=days, y=by_day[column], name=name, xperiod=86_400_000, xperiodalignment="middle")
-        else:
-            fig.add_scatter(x=days, y=by_day[column], name=name, mode="lines+markers")
-    fig.add_scatter(x=days, y=by_day["prune_rate"], name="prune rate", yaxis="y2", mode="lines+markers",
-                    line={"dash": "dot"})  # fmt: skip
-    top = max(float(by_day["prune_rate"].max()), 0.01)
-    fig.update_layout(
-        title="Over time", barmode="group", height=340, legend={"orientation": "h", "y": -0.2},
-        xaxis={"type": "date", "dtick": 86_400_000 if span_days <= 14 else None},
-        yaxis={"title": "count", "rangemode": "nonnegative"},
-        yaxis2={"overlaying": "y", "side": "right", "tickformat": ".0%", "title": "prune rate",
-                "range": [0, min(1.0, top) * 1.1], "rangemode": "nonnegative"},
+    frame = pd.DataFrame({"day": days.dt.strftime("%Y-%m-%d"), "prune_rate": by_day["prune_rate"].astype(float),
+                          **{name: by_day[column].astype("int64") for column, name in COUNT_SERIES}})  # fmt: skip
+    names = [name for _, name in COUNT_SERIES]
+    counts = frame.melt(id_vars=["day"], value_vars=names, var_name="series", value_name="count")
+    palette = alt.Scale(domain=list(OVER_TIME_COLORS), range=list(OVER_TIME_COLORS.values()))
+    color = alt.Color("series:N", title=None, legend=alt.Legend(orient="bottom"), scale=palette)
+    tooltip = [alt.Tooltip("day:T", timeUnit="utcyearmonthdate", title="day"), "series:N", "count:Q"]
+    count_axis = alt.Y("count:Q", title="count", scale=alt.Scale(domainMin=0))
+    if span_days <= BARS_WITHIN_DAYS:
+        drawn = alt.Chart(counts).mark_bar().encode(
+            x=alt.X("day:T", timeUnit="utcyearmonthdate", title=None, axis=alt.Axis(format="%b %d")),
+            xOffset=alt.XOffset("series:N", sort=names), y=count_axis, color=color, tooltip=tooltip,
+        )  # fmt: skip
+    else:
+        drawn = (
+            alt.Chart(counts)
+            .mark_line(point=True)
+            .encode(
+                x=alt.X("day:T", timeUnit="utcyearmonthdate", title=None), y=count_axis, color=color, tooltip=tooltip
+            )
+        )
+    top = max(float(frame["prune_rate"].max()), 0.01)
+    rate = alt.Chart(frame).mark_line(point=True, strokeDash=[4, 3]).encode(
+        x=alt.X("day:T", timeUnit="utcyearmonthdate", title=None),
+        y=alt.Y("prune_rate:Q", title="prune rate", scale=alt.Scale(domain=[0, min(1.0, top) * 1.1]),
+                axis=alt.Axis(format=".0%", orient="right")),
+        color=alt.datum("prune rate"),
+        tooltip=[alt.Tooltip("day:T", timeUnit="utcyearmonthdate", title="day"),
+                 alt.Tooltip("prune_rate:Q", format=".1%", title="prune rate")],
     )  # fmt: skip
-    return fig
+    layered: alt.LayerChart = alt.layer(drawn, rate).resolve_scale(y="independent")
+    return layered.properties(title="Over time", height=300)
 
 
-def prune_rate_chart(rates: pd.DataFrame, top: int = 15) -> go.Figure:
-    """Pruned calls per tool by action, with executed calls beside them."""
+PRUNE_KINDS = (("calls", "executed", "#9ECAE9"), ("pruned_prune", "pruned", "#E45756"),
+               ("pruned_nudge", "nudged", "#F58518"), ("pruned_cache", "cached", "#72B7B2"))  # fmt: skip
+
+
+def prune_rate_chart(rates: pd.DataFrame, top: int = 15) -> alt.Chart:
+    """Calls per tool, stacked: executed, then those caught by action (pruned, nudged, cached);
+    the ``top`` tools by caught calls, then calls, the most first."""
     if rates.empty:
-        return _empty("Prune rate per tool", "no tool calls")
+        return _empty_vega("Calls per tool: executed and caught", "no tool calls")
     data = rates.sort_values(["pruned", "calls"], ascending=False).head(top)
-    tools = [plotly_text(t) for t in data["tool"]]
-    fig = go.Figure()
-    fig.add_bar(y=tools, x=data["calls"], name="executed", orientation="h", marker_color="#9ECAE9")
-    for column, name, color in (("pruned_prune", "pruned", "#E45756"), ("pruned_nudge", "nudged", "#F58518"),
-                                ("pruned_cache", "cached", "#72B7B2")):  # fmt: skip
-        fig.add_bar(y=tools, x=data[column], name=name, orientation="h", marker_color=color)
-    fig.update_layout(
-        title="Calls per tool: executed and caught", barmode="stack", height=120 + 28 * len(data),
-        yaxis={"autorange": "reversed"},
+    tools = [chart_text(t) for t in data["tool"]]
+    long = pd.DataFrame(
+        [{"tool": tool, "kind": name, "order": order, "calls": int(count)}
+         for order, (column, name, _) in enumerate(PRUNE_KINDS)
+         for tool, count in zip(tools, data[column], strict=True)]
     )  # fmt: skip
-    return fig
+    kinds = [name for _, name, _ in PRUNE_KINDS]
+    chart: alt.Chart = (
+        alt.Chart(long)
+        .mark_bar()
+        .encode(
+            y=alt.Y("tool:N", sort=tools, title=None, axis=alt.Axis(labelLimit=0)),
+            x=alt.X("sum(calls):Q", title="calls", stack="zero"),
+            color=alt.Color("kind:N", title=None, legend=alt.Legend(orient="bottom"),
+                            scale=alt.Scale(domain=kinds, range=[c for _, _, c in PRUNE_KINDS])),
+            order=alt.Order("order:Q"),
+            tooltip=["tool:N", "kind:N", "calls:Q"],
+        )
+        .properties(title="Calls per tool: executed and caught", height=alt.Step(24))
+    )  # fmt: skip
+    return chart
 
 
-def repeat_outcomes_chart(outcomes: pd.DataFrame) -> go.Figure:
-    """Executed repeats per tool: productive against wasted."""
+def repeat_outcomes_chart(outcomes: pd.DataFrame) -> alt.Chart:
+    """Executed repeats per tool, stacked: productive and wasted; the most wasted first."""
     if outcomes.empty:
-        return _empty("Repeat outcomes", "no executed repeats (ordinal >= 2)")
+        return _empty_vega("Executed repeats: productive or wasted", "no executed repeats (ordinal >= 2)")
     per_tool = outcomes.groupby("tool")[["productive", "wasted"]].sum().reset_index()
-    per_tool = per_tool.sort_values("wasted", ascending=False)
-    tools = [plotly_text(t) for t in per_tool["tool"]]
-    fig = go.Figure()
-    fig.add_bar(x=tools, y=per_tool["productive"], name="productive", marker_color="#54A24B")
-    fig.add_bar(x=tools, y=per_tool["wasted"], name="wasted", marker_color="#E45756")
-    fig.update_layout(title="Executed repeats: productive or wasted", barmode="stack", height=340)
-    return fig
+    per_tool = per_tool.sort_values(["wasted", "tool"], ascending=[False, True])
+    tools = [chart_text(t) for t in per_tool["tool"]]
+    long = pd.DataFrame(
+        [{"tool": tool, "outcome": outcome, "order": order, "repeats": int(count)}
+         for order, outcome in enumerate(("productive", "wasted"))
+         for tool, count in zip(tools, per_tool[outcome], strict=True)]
+    )  # fmt: skip
+    chart: alt.Chart = (
+        alt.Chart(long)
+        .mark_bar()
+        .encode(
+            x=alt.X("tool:N", sort=tools, title=None, axis=alt.Axis(labelLimit=0, labelAngle=-30)),
+            y=alt.Y("sum(repeats):Q", title="executed repeats", stack="zero"),
+            color=alt.Color("outcome:N", title=None, legend=alt.Legend(orient="bottom"),
+                            scale=alt.Scale(domain=["productive", "wasted"], range=["#54A24B", "#E45756"])),
+            order=alt.Order("order:Q"),
+            tooltip=["tool:N", "outcome:N", "repeats:Q"],
+        )
+        .properties(title="Executed repeats: productive or wasted", height=300)
+    )  # fmt: skip
+    return chart
 
 
 def what_if_chart(table: pd.DataFrame, tool: str) -> go.Figure:

@@ -11,7 +11,8 @@ always shown as text, never as Markdown or HTML:
   labels and help, and the options of ``st.radio``, ``st.pills`` and ``st.segmented_control``;
 - never with ``unsafe_allow_html``, ``st.html`` or ``st.markdown``.
 
-Plotly figures have their own rule (``dashboard.charts``: ``<``, ``>`` and ``&`` escaped).
+Plotly figures have their own rule (``dashboard.charts``: ``<``, ``>`` and ``&`` escaped); Vega-Lite
+charts draw text as text and get it through :func:`plain` (``dashboard.charts.chart_text``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import re
 
 import pandas as pd
 
-__all__ = ["literal"]
+__all__ = ["literal", "plain"]
 
 _PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
 """Every ASCII punctuation character: CommonMark lets a backslash make each one literal."""
@@ -39,7 +40,12 @@ def literal(value: object) -> str:
     stays text instead of turning into an emoji or an icon. ``None`` and missing values
     are the empty string.
     """
+    return _PUNCTUATION.sub(r"\\\1", plain(value)).replace(":", ":" + _WORD_JOINER)
+
+
+def plain(value: object) -> str:
+    """``value`` as one line of plain text: runs of whitespace and control characters become one
+    space, the ends are trimmed; ``None`` and missing values are the empty string."""
     if value is None or value is pd.NA or value is pd.NaT or (isinstance(value, float) and math.isnan(value)):
         return ""
-    text = _CONTROL_OR_SPACE.sub(" ", str(value)).strip()
-    return _PUNCTUATION.sub(r"\\\1", text).replace(":", ":" + _WORD_JOINER)
+    return _CONTROL_OR_SPACE.sub(" ", str(value)).strip()

@@ -189,7 +189,7 @@ def test_a_foreign_run_is_drawn_as_a_tree_in_a_real_browser(dashboard_url: str, 
 
 
 def _hostile_pages() -> dict[str, tuple[str, str]]:
-    """The pages to visit on the hostile store: their path, and a string their plotly SVG shows as text."""
+    """The pages to visit on the hostile store: their path, and a string their charts' SVG shows as text."""
     from test_untrusted_text import MISSING_RUN, RUN_IDS, node_id
 
     return {
@@ -212,8 +212,13 @@ def hostile_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
-DOM_FACTS = """() => {
-    const plots = [...document.querySelectorAll('.js-plotly-plot svg text')].map(t => t.textContent);
+CHART_TEXT = ".js-plotly-plot svg text, [data-testid=stVegaLiteChart] svg text"
+"""The text charts draw: plotly's (the run explorer, shapes, tuning) and Vega-Lite's (overview, tools)."""
+DOM_FACTS = (
+    """() => {
+    const plots = [...document.querySelectorAll('"""
+    + CHART_TEXT
+    + """')].map(t => t.textContent);
     return {
         images: [...document.images].map(i => i.src),
         links: [...document.querySelectorAll('a')].map(a => {  // HTML and SVG links (plotly draws <a> in SVG)
@@ -226,12 +231,13 @@ DOM_FACTS = """() => {
         codes: [...document.querySelectorAll('[data-testid=stCode] code')].map(e => e.textContent),
     };
 }"""
+)
 
 
 @pytest.mark.parametrize("name", list(_hostile_pages()))
 def test_trace_text_is_shown_as_text_in_a_real_browser(hostile_url: str, name: str) -> None:
     """Every page on the hostile store: no image or link comes from a trace, nothing is fetched
-    from outside 127.0.0.1, and plotly draws the tags as text."""
+    from outside 127.0.0.1, and the charts draw the tags as text."""
     from playwright.sync_api import sync_playwright
     from test_untrusted_text import MARKDOWN, MISSING_RUN
 
@@ -243,8 +249,7 @@ def test_trace_text_is_shown_as_text_in_a_real_browser(hostile_url: str, name: s
             requests = Requests(page)
             page.goto(f"{hostile_url}/{path}")
             page.wait_for_selector("[data-testid='stAppViewContainer']", timeout=60_000)
-            page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot svg text').length > 0",
-                                   timeout=60_000)  # fmt: skip
+            page.wait_for_function(f"() => document.querySelectorAll('{CHART_TEXT}').length > 0", timeout=60_000)
             page.wait_for_function("() => document.querySelectorAll('[data-testid=stSkeleton]').length == 0",
                                    timeout=60_000)  # fmt: skip
             page.wait_for_timeout(1500)

@@ -87,11 +87,20 @@ def test_charts_escape_markup_from_traces() -> None:
     assert len(icicle.data[0].ids) == 3 and "<b>" not in " ".join(icicle.data[0].labels)
 
 
+def _vega_rows(chart: object) -> list[dict[str, object]]:
+    """The rows a Vega-Lite chart draws (its one dataset), as Streamlit sends them."""
+    datasets = chart.to_dict()["datasets"]  # type: ignore[attr-defined]
+    assert len(datasets) == 1
+    return list(next(iter(datasets.values())))
+
+
 def test_charts_draw_empty_data_as_a_message() -> None:
-    for figure in (charts.prune_rate_chart(pd.DataFrame()), charts.repeat_outcomes_chart(pd.DataFrame()),
-                   charts.runs_over_time_chart(pd.DataFrame()), charts.shape_scatter(pd.DataFrame()),
-                   charts.tree_figure(pd.DataFrame(), pd.DataFrame())):  # fmt: skip
+    for figure in (charts.shape_scatter(pd.DataFrame()), charts.tree_figure(pd.DataFrame(), pd.DataFrame())):
         assert figure.layout.annotations and not figure.data
+    for chart, message in ((charts.prune_rate_chart(pd.DataFrame()), "no tool calls"),
+                           (charts.repeat_outcomes_chart(pd.DataFrame()), "no executed repeats (ordinal >= 2)"),
+                           (charts.runs_over_time_chart(pd.DataFrame()), "no runs")):  # fmt: skip
+        assert chart.to_dict()["mark"]["type"] == "text" and _vega_rows(chart) == [{"message": message}]
 
 
 def test_what_if_chart_marks_the_current_limit() -> None:
@@ -106,25 +115,43 @@ def test_what_if_chart_marks_the_current_limit() -> None:
 
 
 def test_prune_rate_chart_stacks_actions() -> None:
-    rates = pd.DataFrame({"tool": ["a", "b"], "calls": [10, 5], "pruned": [3, 0], "pruned_prune": [2, 0],
-                          "pruned_nudge": [1, 0], "pruned_cache": [0, 0]})  # fmt: skip
-    fig = charts.prune_rate_chart(rates)
-    assert [t.name for t in fig.data] == ["executed", "pruned", "nudged", "cached"]
-    assert list(fig.data[0].y) == ["a", "b"]
+    rates = pd.DataFrame({"tool": ["a", "b", "c"], "calls": [10, 5, 7], "pruned": [3, 0, 1], "pruned_prune": [2, 0, 1],
+                          "pruned_nudge": [1, 0, 0], "pruned_cache": [0, 0, 0]})  # fmt: skip
+    chart = charts.prune_rate_chart(rates, top=2)
+    spec, rows = chart.to_dict(), _vega_rows(chart)
+    assert spec["encoding"]["y"]["sort"] == ["a", "c"]  # most caught first; b (none caught, fewest calls) cut
+    assert spec["encoding"]["color"]["scale"]["domain"] == ["executed", "pruned", "nudged", "cached"]
+    assert spec["encoding"]["x"]["stack"] == "zero" and spec["encoding"]["order"]["field"] == "order"
+    drawn = {(r["tool"], r["kind"]): r["calls"] for r in rows}
+    assert drawn == {("a", "executed"): 10, ("a", "pruned"): 2, ("a", "nudged"): 1, ("a", "cached"): 0,
+                     ("c", "executed"): 7, ("c", "pruned"): 1, ("c", "nudged"): 0, ("c", "cached"): 0}  # fmt: skip
+
+
+def test_repeat_outcomes_chart_stacks_productive_and_wasted_most_wasted_first() -> None:
+    outcomes = pd.DataFrame({"tool": ["x", "y", "x"], "ordinal": [2, 2, 3], "productive": [1, 4, 0],
+                             "wasted": [2, 1, 3]})  # fmt: skip
+    chart = charts.repeat_outcomes_chart(outcomes)
+    assert chart.to_dict()["encoding"]["x"]["sort"] == ["x", "y"]
+    drawn = {(r["tool"], r["outcome"]): r["repeats"] for r in _vega_rows(chart)}
+    assert drawn == {("x", "productive"): 1, ("x", "wasted"): 5, ("y", "productive"): 4, ("y", "wasted"): 1}
 
 
 def test_the_time_axis_holds_dates_and_the_prune_rate_never_reads_below_zero() -> None:
     by_day = pd.DataFrame({"day": [pd.Timestamp("2026-01-01").date(), pd.Timestamp("2026-01-05").date()],
                            "runs": [3, 1], "tool_calls": [9, 2], "pruned": [0, 0], "wasted": [0, 1],
                            "prune_rate": [0.0, 0.0]})  # fmt: skip
-    fig = charts.runs_over_time_chart(by_day)
-    assert fig.layout.xaxis.type == "date"
-    assert all(str(x).startswith("2026-01-0") for x in fig.data[0].x)
-    assert fig.layout.yaxis2.range[0] == 0 and fig.layout.yaxis2.range[1] > 0
-    assert fig.layout.yaxis.rangemode == "nonnegative" and fig.data[0].type == "bar"
+    spec = charts.runs_over_time_chart(by_day).to_dict()
+    counts, rate = spec["layer"]
+    assert counts["mark"]["type"] == "bar" and counts["encoding"]["xOffset"]["field"] == "series"
+    assert counts["encoding"]["x"]["timeUnit"] == "utcyearmonthdate" and counts["encoding"]["x"]["type"] == "temporal"
+    assert counts["encoding"]["y"]["scale"] == {"domainMin": 0}
+    assert rate["encoding"]["y"]["scale"]["domain"][0] == 0 and rate["encoding"]["y"]["scale"]["domain"][1] > 0
+    assert rate["encoding"]["y"]["axis"]["orient"] == "right" and spec["resolve"]["scale"]["y"] == "independent"
+    rows = spec["datasets"][counts["data"]["name"]]
+    assert {r["day"] for r in rows} == {"2026-01-01", "2026-01-05"}  # UTC days as dates, no time of day
+    assert {(r["day"], r["series"]): r["count"] for r in rows}[("2026-01-05", "wasted")] == 1
     years = charts.runs_over_time_chart(by_day.assign(day=pd.to_datetime(["2024-01-01", "2026-11-30"])))
-    assert years.layout.xaxis.type == "date" and years.layout.xaxis.dtick is None
-    assert years.data[0].type == "scatter"  # a day's bar would be a hairline over two years
+    assert years.to_dict()["layer"][0]["mark"]["type"] == "line"  # a day's bar would be a hairline over two years
 
 
 def _spans() -> pd.DataFrame:
@@ -435,6 +462,19 @@ def _elements(at: AppTest) -> Iterator[Any]:
             yield node.proto
 
 
+def _vega_outside_data(spec: dict[str, Any]) -> str:
+    """A Vega-Lite spec without what Vega draws as text only: its datasets' values and the data values
+    an axis is sorted by. Asserts that no layer links or shows an image (``href``, ``url``, ``image``)."""
+    spec = {k: v for k, v in spec.items() if k != "datasets"}
+    for layer in [spec, *spec.get("layer", [])]:
+        encoding = layer.get("encoding", {})
+        assert not {"href", "url", "image"} & set(encoding), encoding
+        for channel in encoding.values():
+            if isinstance(channel, dict) and isinstance(channel.get("sort"), list):
+                channel["sort"] = []
+    return json.dumps(spec, ensure_ascii=False)
+
+
 def assert_trace_text_is_never_markup(at: AppTest) -> int:
     """No element renders a trace string as Markdown or HTML; returns how many fields held one."""
     held = 0
@@ -449,6 +489,9 @@ def assert_trace_text_is_never_markup(at: AppTest) -> int:
                     trace.pop("customdata", None)  # never shown: no hovertemplate reads it
                 shown = json.dumps(figure, ensure_ascii=False)
                 assert not any(tag in shown for tag in ("<b>", "<img", "<a ", "<script")), shown[:300]
+            elif owner == "VegaLiteChart" and field == "spec":
+                shown = _vega_outside_data(json.loads(value))
+                assert not any(markup in shown for markup in MARKUP), shown[:300]
             elif (owner, field) not in PLAIN_TEXT_FIELDS:
                 unescaped = re.sub(r"\\.", "", value)  # a backslash-escaped character is text
                 assert not any(markup in unescaped for markup in MARKUP), (owner, field, value)

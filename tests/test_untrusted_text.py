@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from rich.console import Console
 from rich.table import Table
 
-from dashboard.charts import plotly_text, prune_rate_chart, tree_figure, tree_icicle
+from dashboard.charts import chart_text, plotly_text, prune_rate_chart, repeat_outcomes_chart, tree_figure, tree_icicle
 from dashboard.text import literal
 from treellm import ModelTurn, OTLPJsonlSpanExporter, ScriptedModel, Tool, ToolCall, TreeConfig, TreeExecutor
 from treellm.inspector import terminal_text
@@ -119,8 +119,7 @@ def test_every_chart_escapes_names_and_ids() -> None:
     import pandas as pd
 
     figures = [tree_figure(pd.DataFrame(nodes), pd.DataFrame(loops)), tree_icicle(pd.DataFrame(nodes),
-               pd.DataFrame(loops)), prune_rate_chart(pd.DataFrame([{"tool": TOOL, "calls": 3, "pruned": 2,
-               "pruned_prune": 2, "pruned_nudge": 0, "pruned_cache": 0}]))]  # fmt: skip
+               pd.DataFrame(loops))]  # fmt: skip
     for figure in figures:
         for trace in figure.data:  # customdata is never shown (no hovertemplate reads it): the raw ids
             trace.customdata = None
@@ -129,6 +128,15 @@ def test_every_chart_escapes_names_and_ids() -> None:
             assert tag not in shown
         assert "&lt;b&gt;b&lt;/b&gt;" in shown
     assert node_id("n1") not in tree_icicle(pd.DataFrame(nodes), pd.DataFrame(loops)).data[0].ids
+    # Vega-Lite draws text as text: the name as given (one line, cut), never a field, link or image
+    rates = pd.DataFrame([{"tool": TOOL, "calls": 3, "pruned": 2, "pruned_prune": 2, "pruned_nudge": 0,
+                           "pruned_cache": 0}])  # fmt: skip
+    outcomes = pd.DataFrame([{"tool": TOOL, "ordinal": 2, "productive": 1, "wasted": 2}])
+    for chart in (prune_rate_chart(rates), repeat_outcomes_chart(outcomes)):
+        spec = chart.to_dict()
+        shown = {row["tool"] for rows in spec["datasets"].values() for row in rows}
+        assert shown == {chart_text(TOOL)} and "<b>b</b>" in chart_text(TOOL) and "\x1b" not in chart_text(TOOL)
+        assert not {"href", "url", "image"} & set(spec["encoding"]), spec["encoding"]
 
 
 def test_literal_markdown_escapes_every_construct() -> None:
