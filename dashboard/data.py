@@ -36,6 +36,7 @@ import datetime as dt
 import sys
 import threading
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -45,7 +46,7 @@ from dashboard.text import literal
 from treellm import analysis, settings
 from treellm.analysis import Filters
 from treellm.analysis import explorer as ex
-from treellm.errors import ConfigError, MissingExtraError, StoreBusyError, StoreError
+from treellm.errors import ConfigError, MissingExtraError, StoreBusyError, StoreError, TreeLLMError
 from treellm.store import sources
 from treellm.store.backend import StoreConnection
 from treellm.store.sources import Source, choose_source, open_source
@@ -178,6 +179,24 @@ def _connect(src: Source) -> Iterator[StoreConnection]:
             con.close()
             raise
         _keep(src, con)
+
+
+def warm(src: Source) -> bool:
+    """Open the chDB folder of ``src`` once before any page asks (``dashboard.serve``), as a query
+    would: chDB's start in the process and the set-up of treellm's views, 0.3-0.4 s of the first
+    page at 10M spans (BENCHMARKS.md, "Dashboard"), happen while the server starts. The connection
+    is then kept :data:`KEEP_S` seconds, as after a query. Only a folder that exists (opening
+    another would create it) and never a server (one that does not answer would hold up the
+    start); False when not opened: the first page then opens it and says what is wrong."""
+    if src.kind != "clickhouse" or not src.paths[0].startswith("chdb:"):
+        return False
+    if not Path(src.paths[0].removeprefix("chdb:") or ".").is_dir():
+        return False
+    try:
+        with _connect(src):
+            return True
+    except TreeLLMError:
+        return False
 
 
 @st.cache_data(ttl=VERSION_TTL_S, show_spinner=False)

@@ -5,7 +5,8 @@ imported before the server listens.
 page first runs, so the first visitor after a start used to wait for pandas, Plotly, the
 analysis and (reading a chDB folder) chDB: about 0.7-1 s of the first page's time (3.0 s against
 2.0 s once warm, on the sample store). Imported here first, the server takes that long to start
-instead, and every visitor's page runs its queries only.
+instead, and every visitor's page runs its queries only. A chDB folder is also opened once here
+(``dashboard.data.warm``): chDB's start and the set-up of treellm's views.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def preload() -> tuple[str, ...]:
     """Import :data:`PRELOADED`; when the dashboard reads ClickHouse (its source, by the pages' own
     rule: :func:`dashboard.data.source`), also the columns its views are made from (read once a
     process from an in-memory DuckDB store, 0.14 s) and, for a chDB folder, chDB. The names
-    imported (a module that is not installed is left out)."""
+    imported (a module that is not installed is left out), then ``chdb-folder`` when a chDB folder
+    was opened once (:func:`dashboard.data.warm`)."""
     imported = []
     for name in PRELOADED:
         try:
@@ -54,6 +56,10 @@ def preload() -> tuple[str, ...]:
         except ImportError:
             return tuple(imported)
         imported.append("chdb")
+        from dashboard.data import warm
+
+        if warm(src):  # an existing folder, opened once: chDB's start and the views, see dashboard.data.warm
+            imported.append("chdb-folder")
     return tuple(imported)
 
 

@@ -313,6 +313,29 @@ def test_the_server_imports_what_the_source_needs_before_it_serves(monkeypatch: 
     assert preload() == PRELOADED
 
 
+def test_the_server_opens_an_existing_chdb_folder_before_it_serves(
+    stores: tuple[Path, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The folder is opened once with the views set up, then freed after the kept time (as after a
+    query); a folder that does not exist is neither opened nor created."""
+    from dashboard import data
+    from dashboard.serve import preload
+    from treellm.store.clickhouse import chdb_holder
+
+    _, url = stores
+    for name in ("TREELLM_DASHBOARD_DB", "TREELLM_DASHBOARD_PARQUET"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TREELLM_CLICKHOUSE", url)
+    monkeypatch.setattr(sys, "argv", ["app.py", "--clickhouse-table", TABLE])
+    assert preload()[-2:] == ("chdb", "chdb-folder")
+    assert data.source() in data._ATTACHED and data._KEPT.con is not None  # kept, as after a query
+    data.release()
+    assert chdb_holder(url.removeprefix("chdb:")) is None  # free for a derive pass
+    missing = tmp_path / "no-such-folder"
+    monkeypatch.setenv("TREELLM_CLICKHOUSE", f"chdb:{missing}")
+    assert preload()[-1] == "chdb" and not missing.exists()
+
+
 def test_treellm_dashboard_clickhouse_in_a_real_browser(stores: tuple[Path, str], tmp_path: Path) -> None:
     """`treellm dashboard --clickhouse chdb:... --clickhouse-table ...` as a real server: the
     overview shows DuckDB's run count, and no page raises."""
