@@ -72,17 +72,27 @@ def _current_limits(con: StoreConnection, f: Filters) -> pd.DataFrame:
 
 
 def _samples(con: StoreConnection, f: Filters) -> pd.DataFrame:
-    """The executed repeats as the tuning weighs them: ``tool``, ``outcome``, ``productive``,
-    ``ordinal``, ``result_chars`` (:func:`repeat_samples`' other columns, the arguments above
-    all, were 0.4 of its 0.45 s at 10M spans over chDB; :func:`_evidence` reads them for the
-    few calls it quotes)."""
+    """The executed repeats as the tuning weighs them, counted where the data is: per ``tool``,
+    ``unknown`` (its outcome), ``productive`` and ``ordinal``, how many (``n``) and their results'
+    characters (``chars``). Every figure of the tuning and the what-if replay is a sum over these
+    groups; one row per repeat (927k at 10M spans) cost 0.1 s to fetch over chDB and as much to
+    split per tool. :func:`_evidence` reads the few calls it quotes."""
     where, params = f.where("c")
-    return as_connection(con).df(
-        f"""SELECT c.tool AS tool, c.outcome AS outcome, c.productive AS productive, c.ordinal AS ordinal,
-                   c.result_chars AS result_chars
-            FROM ({REPEATS_SQL.format(where=where)}) c""",
+    unknown = "coalesce(c.outcome = 'unknown', false)"
+    productive = "coalesce(c.productive, false)"
+    frame = as_connection(con).df(
+        f"""SELECT c.tool AS tool, {unknown} AS unknown, {productive} AS productive, c.ordinal AS ordinal,
+                   count(*) AS n, coalesce(sum(c.result_chars), 0) AS chars
+            FROM ({REPEATS_SQL.format(where=where)}) c
+            GROUP BY c.tool, {unknown}, {productive}, c.ordinal""",
         params,
     )
+    return frame.astype({"unknown": bool, "productive": bool})  # ClickHouse's may be 0/1: ~ must negate
+
+
+def _weight(samples: pd.DataFrame, mask: Any = None) -> int:
+    """How many repeats the groups of :func:`_samples` (those of ``mask``) hold."""
+    return int((samples["n"] if mask is None else samples.loc[mask, "n"]).sum())
 
 
 def _by_tool(samples: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -157,13 +167,13 @@ def what_if_by_tool_limit(
         top = max_limit or max(current + 2, int(mine["ordinal"].max()) if not mine.empty else 1, 3)
         mine_pruned = pruned[pruned["tool"] == tool]
         for limit in range(1, top + 1):
-            caught = mine[mine["ordinal"] > limit] if not mine.empty else mine
-            lost = int(caught["productive"].sum()) if not caught.empty else 0
+            caught = mine[mine["ordinal"] > limit]
+            would_prune, lost = _weight(caught), _weight(caught, caught["productive"])
             ends = _ends(turns, tool, limit)
             unknown = int(mine_pruned.loc[mine_pruned["count"] < limit, "pruned"].sum()) if limit > current else 0
             rows.append(
-                {"tool": tool, "limit": limit, "current_limit": observed, "would_prune": len(caught),
-                 "saved": len(caught) - lost, "lost": lost, "branches_ended": ends, "unknown": unknown,
+                {"tool": tool, "limit": limit, "current_limit": observed, "would_prune": would_prune,
+                 "saved": would_prune - lost, "lost": lost, "branches_ended": ends, "unknown": unknown,
                  "note": (f"{unknown} call(s) pruned in the data would run at this limit: their outcome is unknown"
                           if unknown else "")}
             )  # fmt: skip
@@ -276,9 +286,9 @@ def tuning_by_tool(
     turns = _single_tool_turns(con, f)
     afresh = _afresh(con, f)
     causes = _causes(con, f)
-    is_unknown = samples["outcome"] == "unknown"
+    is_unknown = samples["unknown"]
     per_tool, none = _by_tool(samples[~is_unknown]), samples.iloc[0:0]
-    unknowns = samples.loc[is_unknown, "tool"].value_counts()
+    unknowns = samples[is_unknown].groupby("tool")["n"].sum()
     rows: list[dict[str, Any]] = []
     item: Any
     for item in limits.itertuples(index=False):
@@ -287,14 +297,14 @@ def tuning_by_tool(
         current = int(item.current_limit) if observed else 1
         mine = per_tool.get(tool, none)
         unknown = int(unknowns.get(tool, 0))
-        n = len(mine)
-        productive = int(mine["productive"].sum()) if n else 0
+        n = _weight(mine)
+        productive = _weight(mine, mine["productive"])
         low, high = wilson_interval(productive, n)
         pruned_here = int(pruned.loc[pruned["tool"] == tool, "pruned"].sum())
         recommended = _recommend(mine, tolerance)
-        pruned_wasted = ((~mine["productive"]) & (mine["ordinal"] > recommended)) if n else None
-        saved = int(pruned_wasted.sum()) if pruned_wasted is not None else 0
-        tokens: Any = mine.loc[pruned_wasted, "result_chars"].sum() if pruned_wasted is not None else 0
+        pruned_wasted = (~mine["productive"]) & (mine["ordinal"] > recommended)
+        saved = _weight(mine, pruned_wasted)
+        tokens = int(mine.loc[pruned_wasted, "chars"].sum())
         verdict, reason, mutating = _verdict(
             causes[causes["tool"] == tool],
             mine,
@@ -328,7 +338,7 @@ def tuning_by_tool(
              "samples": n, "productive": productive, "unknown": unknown,
              "productive_rate": productive / n if n else 0.0, "productive_rate_low": low, "productive_rate_high": high,
              "calls": int(item.calls), "pruned": pruned_here, "calls_saved": saved,
-             "tokens_saved_est": int(tokens // 4) if pd.notna(tokens) else 0, "mutating_tool": mutating,
+             "tokens_saved_est": tokens // 4, "mutating_tool": mutating,
              "branches_ended": ends, "evidence": _evidence(con, f, tool, current) if verdict == "raise" else [],
              "reason": reason}
         )  # fmt: skip
@@ -343,12 +353,14 @@ def tuning_by_tool(
 
 
 def _recommend(samples: pd.DataFrame, tolerance: float) -> int:
-    if samples.empty or samples["productive"].sum() == 0:
+    """The smallest limit whose loss (productive repeats past it / all productive) stays within
+    ``tolerance``; 1 when none was productive."""
+    productive = samples[samples["productive"]]
+    total = _weight(productive)
+    if total == 0:
         return 1
-    productive = samples.loc[samples["productive"], "ordinal"]
-    total = len(productive)
     limit = 1
-    while (productive > limit).sum() / total > tolerance:
+    while _weight(productive, productive["ordinal"] > limit) / total > tolerance:
         limit += 1
     return limit
 
@@ -373,7 +385,8 @@ def _verdict(
             "and reports them"
         )
         return "insufficient_data", advice, None
-    cause = _mutating_cause(causes, n, int(samples["productive"].sum()))
+    productive = _weight(samples, samples["productive"])
+    cause = _mutating_cause(causes, n, productive)
     if cause is not None:
         mutating, count, rate_with, rate_without = cause
         if mutating == tool:
@@ -389,19 +402,18 @@ def _verdict(
                 f"with it, {rate_without:.0%} without): mark {mutating} as mutates=true instead of raising the limit"
             )
         return "mutates", advice, mutating
-    productive = int(samples["productive"].sum())
     share = f"{productive}/{n} repeats productive"
     if recommended > current and productive < min_productive:
         return (
             "keep",
             f"{share}: too few productive repeats to raise the limit (need {min_productive}); limit {current} "
-            f"would prune {int((samples.loc[samples['productive'], 'ordinal'] > current).sum())} of them",
+            f"would prune {_weight(samples, samples['productive'] & (samples['ordinal'] > current))} of them",
             None,
         )
     if recommended == current:
         return "keep", f"{share}; limit {current} loses at most {tolerance:.0%} of the productive ones", None
     if recommended > current:
-        lost = int((samples.loc[samples["productive"], "ordinal"] > current).sum())
+        lost = _weight(samples, samples["productive"] & (samples["ordinal"] > current))
         return (
             "raise",
             f"{share}; limit {current} would prune {lost} productive repeat(s): {recommended} keeps them",
