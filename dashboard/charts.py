@@ -1,8 +1,8 @@
 """Pure ``DataFrame -> chart`` builders: no Streamlit, no store, unit-tested.
 
-The overview's and the tools page's bar and line charts are Vega-Lite (Altair): Streamlit loads
-Vega with every page anyway, while plotly's 4.7 MB of JavaScript is loaded and run only on a page
-that draws a plotly figure, about a second of each load on two cores (BENCHMARKS.md, "Dashboard").
+The overview's and the tools page's bar and line charts are Vega-Lite (Altair): plotly's 4.7 MB
+of JavaScript is loaded and run only on a page that draws a plotly figure, and on those two pages
+it was about a second of each load on two cores, Vega's a tenth of that (BENCHMARKS.md, "Dashboard").
 Vega draws text as text, so trace strings reach those charts through :func:`chart_text` (one line,
 cut). The trees, the timeline, the shapes' scatter and the what-if chart stay plotly.
 
