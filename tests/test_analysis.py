@@ -67,6 +67,24 @@ def test_the_tuning_recovers_every_planted_verdict(day: duckdb.DuckDBPyConnectio
     assert "shadow mode" in tuning.loc["list_dir", "reason"]
 
 
+def test_each_raise_quotes_the_first_productive_repeats_its_limit_prunes(day: duckdb.DuckDBPyConnection) -> None:
+    tuning = tuning_by_tool(day).set_index("tool")
+    raised = tuning[tuning["verdict"] == "raise"]
+    assert len(raised) >= 2  # one query serves every tool to raise, each at its own limit
+    calls = day.execute(
+        "SELECT tool, run_id, node_id, ordinal, start_ns FROM repeat_outcomes WHERE outcome != 'unknown' AND productive"
+    ).df()
+    for tool, row in raised.iterrows():
+        mine = calls[(calls["tool"] == tool) & (calls["ordinal"] > row["current_max_repeats"])]
+        first = mine.sort_values(["run_id", "start_ns", "node_id"]).head(3)
+        quoted = [(e["run_id"], e["node_id"], e["ordinal"]) for e in row["evidence"]]
+        assert (
+            quoted == list(zip(first["run_id"], first["node_id"], first["ordinal"], strict=True)) and len(quoted) == 3
+        )
+        assert all(e["link"] == f"run?run={e['run_id']}&node={e['node_id']}" for e in row["evidence"])
+    assert all(evidence == [] for evidence in tuning.loc[tuning["verdict"] != "raise", "evidence"])
+
+
 def test_the_limits_file_loads_into_tree_config(day: duckdb.DuckDBPyConnection, tmp_path: Path) -> None:
     path = tmp_path / "limits.toml"
     path.write_text(limits_toml(tuning_by_tool(day)), encoding="utf-8")
