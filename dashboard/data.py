@@ -186,11 +186,15 @@ def warm(src: Source) -> bool:
     would: chDB's start in the process and the set-up of treellm's views, 0.3-0.4 s of the first
     page at 10M spans (BENCHMARKS.md, "Dashboard"), happen while the server starts. The connection
     is then kept :data:`KEEP_S` seconds, as after a query. Only a folder that exists (opening
-    another would create it) and never a server (one that does not answer would hold up the
-    start); False when not opened: the first page then opens it and says what is wrong."""
+    another would create it) and that no other process holds (a derive pass: waiting for it would
+    hold up the start), never a server (one that does not answer would); False when not opened:
+    the first page then opens it and says what is wrong."""
     if src.kind != "clickhouse" or not src.paths[0].startswith("chdb:"):
         return False
-    if not Path(src.paths[0].removeprefix("chdb:") or ".").is_dir():
+    from treellm.store.clickhouse import chdb_holder
+
+    folder = src.paths[0].removeprefix("chdb:") or "."
+    if not Path(folder).is_dir() or chdb_holder(folder) is not None:
         return False
     try:
         with _connect(src):

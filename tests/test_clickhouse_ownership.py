@@ -216,12 +216,20 @@ def test_treellms_own_views_are_replaced_and_upgraded_on_the_next_connection(
     folder.run(
         "CREATE OR REPLACE VIEW again.runs AS SELECT 1 AS old COMMENT 'treellm:view:0'",  # an older treellm's
         "ALTER TABLE again.treellm_spans DROP COLUMN call_targets",  # a table of a version before that column
+        "ALTER TABLE again.treellm_tool_calls MODIFY COLUMN tool Nullable(String)",  # before LowCardinality
     )
     ch = open_clickhouse(folder.url, database="again")
     try:
         run_derive(ch, wait_s=0, once=True)
         assert A.report(ch)["runs"] >= expected["runs"]
         assert ch.df("SELECT count() AS n FROM spans WHERE call_targets IS NOT NULL")["n"][0] > 0
+        types = ch.df(
+            "SELECT table, name, type FROM system.columns WHERE database = 'again' AND name IN ('tool', 'arguments')"
+        )
+        found = {(t, n): k for t, n, k in zip(types["table"], types["name"], types["type"], strict=True)}
+        assert found[("treellm_tool_calls", "tool")] == "LowCardinality(Nullable(String))"  # upgraded
+        assert found[("treellm_loop_events", "tool")] == "LowCardinality(Nullable(String))"  # as created
+        assert found[("treellm_tool_calls", "arguments")] == "Nullable(String)"  # many values: plain text
     finally:
         ch.close()
     assert folder.objects("again") == _objects()

@@ -317,7 +317,8 @@ def test_the_server_opens_an_existing_chdb_folder_before_it_serves(
     stores: tuple[Path, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The folder is opened once with the views set up, then freed after the kept time (as after a
-    query); a folder that does not exist is neither opened nor created."""
+    query); a folder that does not exist is neither opened nor created, and one another process
+    holds (a derive pass) is not waited for."""
     from dashboard import data
     from dashboard.serve import preload
     from treellm.store.clickhouse import chdb_holder
@@ -331,6 +332,8 @@ def test_the_server_opens_an_existing_chdb_folder_before_it_serves(
     assert data.source() in data._ATTACHED and data._KEPT.con is not None  # kept, as after a query
     data.release()
     assert chdb_holder(url.removeprefix("chdb:")) is None  # free for a derive pass
+    with held_chdb_folder(Path(url.removeprefix("chdb:"))):
+        assert preload()[-1] == "chdb" and data._KEPT.con is None
     missing = tmp_path / "no-such-folder"
     monkeypatch.setenv("TREELLM_CLICKHOUSE", f"chdb:{missing}")
     assert preload()[-1] == "chdb" and not missing.exists()

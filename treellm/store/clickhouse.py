@@ -341,17 +341,24 @@ class ClickHouseConnection:
         }
         for table, kinds in wanted.items():
             if tables[table]:
-                self._add_missing_columns(table, kinds)
+                self._upgrade_columns(table, kinds)
         for name, replace in views.items():
             self._command(create_view(self.database, name, queries[name], replace=replace))
 
-    def _add_missing_columns(self, table: str, wanted: Sequence[tuple[str, str]]) -> None:
-        """An older table of treellm's gets the columns it lacks (NULL or empty in its old rows)."""
-        found = self._rows("SELECT name FROM system.columns WHERE database = ? AND table = ?", [self.database, table])
-        have = set(found["name"])
+    def _upgrade_columns(self, table: str, wanted: Sequence[tuple[str, str]]) -> None:
+        """An older table of treellm's gets the columns it lacks (NULL or empty in its old rows), and
+        its text columns that are ``LowCardinality`` now (:data:`LOW_CARDINALITY`) that type: a
+        mutation ClickHouse runs in the background, reading each part as before until it is
+        rewritten; the values stay the same."""
+        found = self._rows(
+            "SELECT name, type FROM system.columns WHERE database = ? AND table = ?", [self.database, table]
+        )
+        have = dict(zip(found["name"], found["type"], strict=True))
         for name, kind in wanted:
             if name not in have:
                 self._command(f"ALTER TABLE {self.database}.{table} ADD COLUMN IF NOT EXISTS `{name}` {kind}")
+            elif kind == f"LowCardinality({have[name]})":
+                self._command(f"ALTER TABLE {self.database}.{table} MODIFY COLUMN `{name}` {kind}")
 
     def compact(self) -> tuple[str, ...]:
         """Merge each partition of treellm's tables in :attr:`database` that holds more than one
