@@ -51,8 +51,9 @@ from treellm.store.judged import JUDGED, rules_digest
 from treellm.store.views import VIEWS, duckdb_views
 
 __all__ = [
-    "BUCKET", "DAILY", "DEFAULT_TABLE", "DERIVED_SPANS", "DERIVED_TRACES", "DERIVED_VIEWS", "EVENT_COLUMNS", "LOW_CARDINALITY",
-    "OTEL_TRACES_DDL", "SCHEMA_VERSION", "SPANS_TABLE_COLUMNS", "TABLE_NAMES", "VIEW_NAMES", "WHOLE", "Column",
+    "BUCKET", "DAILY", "DEFAULT_TABLE", "DERIVED_SPANS", "DERIVED_TRACES", "DERIVED_VIEWS", "EVENT_COLUMNS",
+    "LOW_CARDINALITY", "OTEL_TRACES_DDL", "SCHEMA_VERSION", "SPANS_TABLE_COLUMNS", "TABLE_NAMES", "VIEW_NAMES",
+    "WHOLE", "Column",
     "check_names", "clickhouse_type", "create_view", "derived_schema", "derived_spans_ddl", "derived_traces_ddl",
     "derived_view_ddl", "is_marked", "marker", "TRACES_COLUMNS", "view_columns_wanted", "view_queries",
 ]  # fmt: skip
