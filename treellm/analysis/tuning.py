@@ -239,22 +239,21 @@ MAX_EVIDENCE = 3
 def _evidence(con: StoreConnection, f: Filters, currents: dict[str, int]) -> dict[str, list[dict[str, Any]]]:
     """Per tool of ``currents`` (tool -> its current limit): the first :data:`MAX_EVIDENCE`
     productive repeats that its limit would prune (by run, then start), as quotable calls. One
-    query for every tool (one a tool cost 0.1 s each at 10M spans over chDB)."""
+    query, each tool's first calls a part of it (``UNION ALL``): at 10M spans over chDB 0.11 s
+    for two tools against 0.07 s a tool asked apart, and 0.32 s numbered by a window instead."""
     if not currents:
         return {}
     where, params = f.where("c")
-    tools = " OR ".join("(c.tool = ? AND c.ordinal > ?)" for _ in currents)
+    part = f"""SELECT * FROM (
+        SELECT c.tool AS tool, c.run_id AS run_id, c.node_id AS node_id, c.ordinal AS ordinal,
+               c.arguments AS arguments, c.start_ns AS start_ns
+        FROM repeat_outcomes c
+        WHERE {where} AND c.tool = ? AND c.outcome != 'unknown' AND c.productive AND c.ordinal > ?
+        ORDER BY c.run_id, c.start_ns, c.node_id LIMIT {MAX_EVIDENCE}) p"""
     driving = as_connection(con).df(
-        f"""SELECT e.tool AS tool, e.run_id AS run_id, e.node_id AS node_id, e.ordinal AS ordinal,
-                   e.arguments AS arguments
-            FROM (SELECT c.tool AS tool, c.run_id AS run_id, c.node_id AS node_id, c.ordinal AS ordinal,
-                         c.arguments AS arguments, c.start_ns AS start_ns,
-                         row_number() OVER (PARTITION BY c.tool ORDER BY c.run_id, c.start_ns, c.node_id) AS k
-                  FROM repeat_outcomes c
-                  WHERE {where} AND c.outcome != 'unknown' AND c.productive AND ({tools})) e
-            WHERE e.k <= {MAX_EVIDENCE}
-            ORDER BY e.tool, e.run_id, e.start_ns, e.node_id""",
-        [*params, *(value for tool, current in currents.items() for value in (tool, current))],
+        f"SELECT e.* FROM ({' UNION ALL '.join([part] * len(currents))}) e "
+        "ORDER BY e.tool, e.run_id, e.start_ns, e.node_id",
+        [value for tool, current in currents.items() for value in (*params, tool, current)],
     )
     out: dict[str, list[dict[str, Any]]] = {tool: [] for tool in currents}
     row: Any
