@@ -30,6 +30,7 @@ from dashboard.text import plain
 __all__ = [
     "KIND_COLORS",
     "chart_text",
+    "vega_spec",
     "TREE_ICICLE_AT",
     "plotly_text",
     "prune_rate_chart",
@@ -83,6 +84,18 @@ def chart_text(value: Any, limit: int = 160) -> str:
     markup, no entities), so nothing is escaped. Missing values are ``""``."""
     text = plain(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def vega_spec(chart: alt.Chart | alt.LayerChart) -> dict[str, Any]:
+    """The Vega-Lite spec of ``chart`` as the pages hand it to ``st.vega_lite_chart``: its data
+    inline and not validated again (``st.altair_chart`` validated each chart against Vega-Lite's
+    schema on every run, 0.06 s a chart; the builders here are validated by the tests), without
+    Altair's default view size (Streamlit sizes the chart)."""
+    spec: dict[str, Any] = chart.to_dict(validate=False)
+    spec.get("config", {}).pop("view", None)
+    if not spec.get("config"):
+        spec.pop("config", None)
+    return spec
 
 
 def _empty_vega(title: str, message: str) -> alt.Chart:

@@ -127,6 +127,21 @@ def test_prune_rate_chart_stacks_actions() -> None:
                      ("c", "executed"): 7, ("c", "pruned"): 1, ("c", "nudged"): 0, ("c", "cached"): 0}  # fmt: skip
 
 
+def test_the_pages_get_each_chart_as_its_validated_spec_without_a_fixed_size() -> None:
+    rates = pd.DataFrame({"tool": ["a"], "calls": [10], "pruned": [3], "pruned_prune": [2], "pruned_nudge": [1],
+                          "pruned_cache": [0]})  # fmt: skip
+    by_day = pd.DataFrame({"day": ["2026-01-01"], "runs": [3], "tool_calls": [9], "pruned": [1], "wasted": [0],
+                           "prune_rate": [0.1]})  # fmt: skip
+    for chart in (
+        charts.prune_rate_chart(rates),
+        charts.runs_over_time_chart(by_day),
+        charts.prune_rate_chart(rates[:0]),
+    ):
+        validated = chart.to_dict()  # raises when the spec breaks Vega-Lite's schema
+        del validated["config"]["view"]  # Altair's default 300 x 300: Streamlit sizes the chart
+        assert charts.vega_spec(chart) == {k: v for k, v in validated.items() if v != {} or k != "config"}
+
+
 def test_repeat_outcomes_chart_stacks_productive_and_wasted_most_wasted_first() -> None:
     outcomes = pd.DataFrame({"tool": ["x", "y", "x"], "ordinal": [2, 2, 3], "productive": [1, 4, 0],
                              "wasted": [2, 1, 3]})  # fmt: skip

@@ -24,11 +24,13 @@ with data.show_problems():
     cols[2].metric("Pruned calls", f"{totals['pruned']:,}")
     cols[3].metric("Prune rate", f"{rate:.1%}")
     cols[4].metric("Wasted repeats", f"{wasted:,}")
-    st.altair_chart(charts.runs_over_time_chart(data.query("runs_by_day", filters)), width="stretch")
+    st.vega_lite_chart(
+        spec=charts.vega_spec(charts.runs_over_time_chart(data.query("runs_by_day", filters))), width="stretch"
+    )
     left, right = st.columns(2)
     with left:
         rates = data.query("prune_rate_by_tool", filters)
-        st.altair_chart(charts.prune_rate_chart(rates, top=8), width="stretch")
+        st.vega_lite_chart(spec=charts.vega_spec(charts.prune_rate_chart(rates, top=8)), width="stretch")
     with right:
         st.subheader("Tuning verdicts at a glance")
         tuning = data.query("tuning", filters, 0.05)

@@ -14,7 +14,7 @@ with data.show_problems():
     if rates.empty:
         st.info("No tool calls in this selection.")
         st.stop()
-    st.altair_chart(charts.prune_rate_chart(rates), width="stretch")
+    st.vega_lite_chart(spec=charts.vega_spec(charts.prune_rate_chart(rates)), width="stretch")
     st.dataframe(rates, hide_index=True, width="stretch",
                  column_config={"prune_rate": st.column_config.NumberColumn(format="percent")})  # fmt: skip
     lacking = data.query("content_by_tool", filters)
@@ -25,7 +25,7 @@ with data.show_problems():
                    "setting that records them.")  # fmt: skip
         st.dataframe(lacking, hide_index=True, width="stretch")
     outcomes = data.query("repeat_outcome_by_tool", filters)
-    st.altair_chart(charts.repeat_outcomes_chart(outcomes), width="stretch")
+    st.vega_lite_chart(spec=charts.vega_spec(charts.repeat_outcomes_chart(outcomes)), width="stretch")
     left, right = st.columns(2)
     with left:
         st.subheader("Repeats per ordinal")
