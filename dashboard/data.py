@@ -306,8 +306,8 @@ def sidebar_filters() -> Filters:
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def _query(src: Source, stamp: ex.DataVersion, name: str, filters: Filters, extra: tuple[Any, ...]) -> Any:
     with _connect(src) as con:
-        if name == "tuning":
-            return analysis.tuning_by_tool(con, filters, tolerance=extra[0])
+        if name in ("tuning", "tuning_glance"):  # the glance: verdicts without what explains them (the overview)
+            return analysis.tuning_by_tool(con, filters, tolerance=extra[0], glance=name == "tuning_glance")
         if name == "what_if":
             return analysis.what_if_by_tool_limit(con, Filters(filters.since, filters.until, filters.service,
                                                                 filters.agent, filters.model, extra[0]))  # fmt: skip

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pandas as pd
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -83,6 +84,15 @@ def test_each_raise_quotes_the_first_productive_repeats_its_limit_prunes(day: du
         )
         assert all(e["link"] == f"run?run={e['run_id']}&node={e['node_id']}" for e in row["evidence"])
     assert all(evidence == [] for evidence in tuning.loc[tuning["verdict"] != "raise", "evidence"])
+
+
+def test_the_glance_gives_the_same_verdicts_without_what_explains_them(day: duckdb.DuckDBPyConnection) -> None:
+    full = tuning_by_tool(day)
+    glance = tuning_by_tool(day, glance=True)
+    explained = ["reason", "evidence", "branches_ended"]
+    assert list(glance.columns) == [c for c in full.columns if c not in explained]
+    pd.testing.assert_frame_equal(glance, full.drop(columns=explained))
+    assert set(glance["verdict"]) == {p.verdict for p in PLANTED} | set(full["verdict"])
 
 
 def test_the_limits_file_loads_into_tree_config(day: duckdb.DuckDBPyConnection, tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ with data.show_problems():
         st.vega_lite_chart(spec=charts.vega_spec(charts.prune_rate_chart(rates, top=8)), width="stretch")
     with right:
         st.subheader("Tuning verdicts at a glance")
-        tuning = data.query("tuning", filters, 0.05)
+        tuning = data.query("tuning_glance", filters, 0.05)
         if tuning.empty:
             st.info("No tool calls to judge.")
         else:
