@@ -181,20 +181,26 @@ def _connect(src: Source) -> Iterator[StoreConnection]:
         _keep(src, con)
 
 
+def _chdb_folder(src: Source) -> str | None:
+    """The folder of a chDB source (``chdb:PATH``, the working folder for ``chdb:``), else None."""
+    if src.kind != "clickhouse" or not src.paths[0].startswith("chdb:"):
+        return None
+    return src.paths[0].removeprefix("chdb:") or "."
+
+
 def warm(src: Source) -> bool:
     """Open the chDB folder of ``src`` once before any page asks (``dashboard.serve``), as a query
-    would: chDB's start in the process and the set-up of treellm's views, 0.3-0.4 s of the first
-    page at 10M spans (BENCHMARKS.md, "Dashboard"), happen while the server starts. The connection
+    would: chDB's first open in the process with the set-up of treellm's views (0.42-0.66 s at 10M
+    spans against 0.14-0.21 s for a later open, BENCHMARKS.md "Dashboard") happens while the server
+    starts. The connection
     is then kept :data:`KEEP_S` seconds, as after a query. Only a folder that exists (opening
     another would create it) and that no other process holds (a derive pass: waiting for it would
     hold up the start), never a server (one that does not answer would); False when not opened:
     the first page then opens it and says what is wrong."""
-    if src.kind != "clickhouse" or not src.paths[0].startswith("chdb:"):
-        return False
     from treellm.store.clickhouse import chdb_holder
 
-    folder = src.paths[0].removeprefix("chdb:") or "."
-    if not Path(folder).is_dir() or chdb_holder(folder) is not None:
+    folder = _chdb_folder(src)
+    if folder is None or not Path(folder).is_dir() or chdb_holder(folder) is not None:
         return False
     try:
         with _connect(src):
@@ -248,10 +254,11 @@ def _store_free(src: Source) -> bool:
     """Whether a read-only open succeeds right now (one try, closed at once). Any other
     problem counts as free: the rerun then shows it. A chDB folder is free when no other
     process has it open."""
-    if src.kind == "clickhouse" and src.paths[0].startswith("chdb:"):
+    folder = _chdb_folder(src)
+    if folder is not None:
         from treellm.store.clickhouse import chdb_holder
 
-        return chdb_holder(src.paths[0].removeprefix("chdb:") or ".") is None
+        return chdb_holder(folder) is None
     if src.kind != "db":
         return True
     try:
