@@ -1,10 +1,11 @@
 """Pure ``DataFrame -> chart`` builders: no Streamlit, no store, unit-tested.
 
-The overview's and the tools page's bar and line charts are Vega-Lite (Altair): plotly's 4.7 MB
-of JavaScript is loaded and run only on a page that draws a plotly figure, and on those two pages
-it was about a second of each load on two cores, Vega's a tenth of that (BENCHMARKS.md, "Dashboard").
-Vega draws text as text, so trace strings reach those charts through :func:`chart_text` (one line,
-cut). The trees, the timeline, the shapes' scatter and the what-if chart stay plotly.
+The overview's and the tools page's bar and line charts, and the run explorer's tree and
+timeline, are Vega-Lite (Altair): plotly's 4.7 MB of JavaScript is loaded and run only on a page
+that draws a plotly figure, and it was about a second of each load on two cores, Vega's a tenth
+of that (BENCHMARKS.md, "Dashboard"). Vega draws text as text, so trace strings reach those
+charts through :func:`chart_text` (one line, cut). The icicle (plotly lays it out and drills
+down into it), the shapes' scatter and the what-if chart stay plotly.
 
 Everything that comes from a trace goes through :func:`plotly_text` before it reaches a
 plotly figure: plotly renders a subset of HTML (``<b>``, ``<a href>``, ``<br>``, ``<span style>``,
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Callable
 from typing import Any
 
 import altair as alt
@@ -37,9 +39,9 @@ __all__ = [
     "repeat_outcomes_chart",
     "runs_over_time_chart",
     "shape_scatter",
-    "timeline_figure",
+    "timeline_chart",
     "timeline_order",
-    "tree_figure",
+    "tree_chart",
     "tree_icicle",
     "what_if_chart",
 ]
@@ -263,11 +265,12 @@ def shape_scatter(groups: pd.DataFrame, color: str = "agent") -> go.Figure:
 # -- trees -------------------------------------------------------------------------------------------
 
 
-def _node_label(row: Any) -> str:
+def _node_label(row: Any, t: Callable[..., str] = plotly_text) -> str:
+    """A node's label: its tool and ordinal, or its kind, through ``t`` (plotly's or Vega's text rule)."""
     if row.kind == "tool":
-        tool = plotly_text(row.tool, 40)
-        return f"{tool} #{plotly_text(row.ordinal)}" if pd.notna(row.ordinal) else tool
-    return plotly_text(row.kind)
+        tool = t(row.tool, 40)
+        return f"{tool} #{t(row.ordinal)}" if pd.notna(row.ordinal) else tool
+    return t(row.kind)
 
 
 def _hover(row: Any) -> str:
@@ -281,78 +284,101 @@ def _hover(row: Any) -> str:
     return "<br>".join(parts)
 
 
-def _pruned_hover(row: Any, sep: str) -> str:
+def _pruned_hover(row: Any) -> str:
     t = plotly_text  # every value below comes from the trace
     shadow = " · shadow" if row.shadow else ""
-    return (f"pruned {t(row.tool)} {t(row.arguments, 100)}{sep}count {t(row.count)} ≥ limit {t(row.limit)} "
+    return (f"pruned {t(row.tool)} {t(row.arguments, 100)} · count {t(row.count)} ≥ limit {t(row.limit)} "
             f"({t(row.limit_source)}) · {t(row.action)}{shadow}")  # fmt: skip
 
 
-def tree_figure(nodes: pd.DataFrame, loops: pd.DataFrame, selected: str | None = None) -> go.Figure:
+def tree_chart(nodes: pd.DataFrame, loops: pd.DataFrame, selected: str | None = None) -> alt.LayerChart | alt.Chart:
     """A run's tree (Reingold-Tilford layout), each pruned call drawn as a ghost node under
-    the ThinkNode that asked for it, tied by a dotted line to the earlier call it repeated."""
+    the ThinkNode that asked for it, tied by a dotted line to the earlier call it repeated; the
+    ``selected`` node drawn larger. Vega-Lite, panned and zoomed by drag and wheel: one dataset
+    whose ``part`` says what each row draws (``edge``, ``repeat``, ``node``)."""
     if nodes.empty:
-        return _empty("Run tree", "no nodes")
+        return _empty_vega("Run tree", "no nodes")
     ids = list(nodes["node_id"])
     index = {node_id: i for i, node_id in enumerate(ids)}
-    ghosts = [(f"pruned-{i}", row) for i, row in enumerate(loops.itertuples(index=False)) if row.node_id in index]
+    ghosts = [row for row in loops.itertuples(index=False) if row.node_id in index]
     edges = [(index[p], index[c]) for c, p in zip(nodes["node_id"], nodes["parent_id"], strict=True) if p in index]
-    n = len(ids) + len(ghosts)
-    edges += [(index[row.node_id], len(ids) + i) for i, (_, row) in enumerate(ghosts)]
-    graph = igraph.Graph(n=n, edges=edges, directed=True)
+    edges += [(index[row.node_id], len(ids) + i) for i, row in enumerate(ghosts)]
+    graph = igraph.Graph(n=len(ids) + len(ghosts), edges=edges, directed=True)
     roots = [index[c] for c, p in zip(nodes["node_id"], nodes["parent_id"], strict=True) if p not in index]
     layout = graph.layout_reingold_tilford(mode="out", root=roots or [0])
     xs = [pos[0] for pos in layout.coords]
     ys = [-pos[1] for pos in layout.coords]
-    fig = go.Figure()
-    ex, ey = [], []
-    for a, b in edges:
-        ex += [xs[a], xs[b], None]
-        ey += [ys[a], ys[b], None]
-    fig.add_scatter(x=ex, y=ey, mode="lines", line={"color": "#BBBBBB", "width": 1}, hoverinfo="skip",
-                    showlegend=False)  # fmt: skip
-    rows = list(nodes.itertuples(index=False))
-    for kind, color in KIND_COLORS.items():
-        members = [i for i, r in enumerate(rows) if r.kind == kind]
-        if not members:
-            continue
-        fig.add_scatter(
-            x=[xs[i] for i in members], y=[ys[i] for i in members], mode="markers+text", name=kind,
-            text=[_node_label(rows[i]) for i in members], textposition="bottom center", textfont={"size": 9},
-            customdata=[rows[i].node_id for i in members], hovertext=[_hover(rows[i]) for i in members],
-            hoverinfo="text",
-            marker={"size": [16 if rows[i].node_id == selected else 11 for i in members], "color": color,
-                    "line": {"width": 2, "color": [STATUS_LINE.get(str(rows[i].status), "#333") for i in members]}},
-        )  # fmt: skip
-    if ghosts:
-        gx = [xs[len(ids) + i] for i in range(len(ghosts))]
-        gy = [ys[len(ids) + i] for i in range(len(ghosts))]
-        fig.add_scatter(
-            x=gx, y=gy, mode="markers+text", name="pruned call", text=[plotly_text(r.tool, 30) for _, r in ghosts],
-            textposition="bottom center", textfont={"size": 9, "color": "#E45756"},
-            marker={"size": 11, "color": PRUNED_COLOR, "symbol": "x", "line": {"width": 1, "color": "#E45756"}},
-            hovertext=[_pruned_hover(r, "<br>") for _, r in ghosts],
-            hoverinfo="text", customdata=[r.node_id for _, r in ghosts],
-        )  # fmt: skip
-        tx, ty = [], []
-        for i, (_, row) in enumerate(ghosts):
-            for earlier in _ids(row.earlier_node_ids):
-                if earlier in index:
-                    tx += [xs[len(ids) + i], xs[index[earlier]], None]
-                    ty += [ys[len(ids) + i], ys[index[earlier]], None]
-        if tx:
-            fig.add_scatter(x=tx, y=ty, mode="lines", name="repeats", hoverinfo="skip",
-                            line={"color": "#E45756", "width": 1, "dash": "dot"})  # fmt: skip
+    drawn: list[dict[str, Any]] = [{"part": "edge", "x": xs[a], "y": ys[a], "x2": xs[b], "y2": ys[b]} for a, b in edges]
+    for i, row in enumerate(nodes.itertuples(index=False)):
+        kind = str(row.kind) if row.kind in KIND_COLORS else "other"
+        drawn.append({
+            "part": "node", "x": xs[i], "y": ys[i], "kind": kind, "label": _node_label(row, chart_text),
+            "line": STATUS_LINE.get(str(row.status), "#333333"), "size": 260 if row.node_id == selected else 130,
+            **_tip(row),
+        })  # fmt: skip
+    for i, row in enumerate(ghosts):
+        at = len(ids) + i
+        ghost = {"part": "node", "x": xs[at], "y": ys[at], "kind": "pruned call", "label": chart_text(row.tool, 30)}
+        drawn.append({**ghost, "line": FAILED_COLOR, "size": 130, **_pruned_tip(row)})
+        drawn += [{"part": "repeat", "x": xs[at], "y": ys[at], "x2": xs[index[earlier]], "y2": ys[index[earlier]]}
+                  for earlier in _ids(row.earlier_node_ids) if earlier in index]  # fmt: skip
+    data = pd.DataFrame(drawn)
+    x = alt.X("x:Q", axis=None, scale=alt.Scale(zero=False, nice=False, padding=30))
+    y = alt.Y("y:Q", axis=None, scale=alt.Scale(zero=False, nice=False, padding=30))
+    base = alt.Chart(data).encode(x=x, y=y)
+    kinds = [*KIND_COLORS, "other", "pruned call"]
+    colors = [*KIND_COLORS.values(), "#999999", PRUNED_COLOR]
+    silent = alt.value(None)  # no tooltip: an edge or a label says nothing of its own
+    lines = base.mark_rule(color="#BBBBBB", strokeWidth=1).encode(
+        x2="x2:Q", y2="y2:Q", tooltip=silent).transform_filter("datum.part == 'edge'")  # fmt: skip
+    repeats = base.mark_rule(color=FAILED_COLOR, strokeWidth=1, strokeDash=[2, 3]).encode(
+        x2="x2:Q", y2="y2:Q", tooltip=silent).transform_filter("datum.part == 'repeat'")  # fmt: skip
+    points = (
+        base.mark_point(filled=True, strokeWidth=2, opacity=1)
+        .encode(
+            color=alt.Color("kind:N", title=None, scale=alt.Scale(domain=kinds, range=colors),
+                            legend=alt.Legend(orient="bottom")),
+            shape=alt.Shape("kind:N", scale=alt.Scale(domain=kinds, range=["circle"] * (len(kinds) - 1) + ["cross"]),
+                            legend=None),
+            stroke=alt.Stroke("line:N", scale=None), size=alt.Size("size:Q", scale=None),
+            tooltip=[alt.Tooltip(f"{field}:N", title=title) for field, title in TREE_TIPS],
+        )
+        .transform_filter("datum.part == 'node'")
+    )  # fmt: skip
+    ghostly = alt.condition("datum.kind == 'pruned call'", alt.value(FAILED_COLOR), alt.value("#333333"))
+    labels = base.mark_text(dy=14, fontSize=9).encode(text="label:N", color=ghostly, tooltip=silent).transform_filter(
+        "datum.part == 'node'")  # fmt: skip
     levels = len(set(ys))
-    fig.update_layout(
-        title=f"Run tree: {len(ids)} nodes, {len(ghosts)} caught call(s)",
-        height=min(1400, 220 + 70 * levels),
-        xaxis_visible=False,
-        yaxis_visible=False,
-        legend={"orientation": "h"},
-        dragmode="pan",
-    )
-    return fig
+    chart = alt.LayerChart(
+        layer=[lines, repeats, points, labels], title=f"Run tree: {len(ids)} nodes, {len(ghosts)} caught call(s)",
+        height=min(1400, 160 + 70 * levels),
+    ).interactive()  # fmt: skip
+    return chart
+
+
+TREE_TIPS = (("node", "node"), ("what", "kind · status · depth"), ("call", "call"), ("limit", "ordinal / limit"),
+             ("skill", "skill"))  # fmt: skip
+"""The tree's tooltip: each node's fields (trace text as :func:`chart_text` gives it), by title."""
+
+
+def _tip(row: Any) -> dict[str, str]:
+    t = chart_text  # every value below comes from the trace
+    tip = {"node": t(row.node_id), "what": f"{t(row.kind)} · {t(row.status)} · depth {t(row.depth)}",
+           "call": "", "limit": "", "skill": ""}  # fmt: skip
+    if row.kind == "tool":
+        tip["call"] = f"{t(row.tool, 60)} {t(row.arguments, 120)}"
+        tip["limit"] = f"{t(row.ordinal)} / {t(row.limit)} ({t(row.limit_source)})"
+    if isinstance(row.skill_stack, str) and row.skill_stack not in ("", "[]"):
+        tip["skill"] = t(row.skill_stack)
+    return tip
+
+
+def _pruned_tip(row: Any) -> dict[str, str]:
+    t = chart_text  # every value below comes from the trace
+    shadow = " · shadow" if row.shadow else ""
+    return {"node": f"caught under {t(row.node_id)}", "what": f"pruned call · {t(row.action)}{shadow}",
+            "call": f"{t(row.tool, 60)} {t(row.arguments, 100)}",
+            "limit": f"count {t(row.count)} ≥ limit {t(row.limit)} ({t(row.limit_source)})", "skill": ""}  # fmt: skip
 
 
 def _ids(raw: Any) -> list[str]:
@@ -385,7 +411,7 @@ def tree_icicle(nodes: pd.DataFrame, loops: pd.DataFrame) -> go.Figure:
             parents.append(index[row.node_id])
             labels.append(f"✂ {plotly_text(row.tool, 30)}")
             colors.append("#E45756")
-            hover.append(_pruned_hover(row, " · "))
+            hover.append(_pruned_hover(row))
     fig = go.Figure(
         go.Icicle(
             ids=ids,
@@ -432,54 +458,65 @@ def timeline_order(spans: pd.DataFrame) -> list[int]:
     return order
 
 
-def _span_hover(row: Any, start_ms: float) -> str:
-    t = plotly_text  # every value below comes from the trace
-    node = f" · node {t(row.node_id)}" if isinstance(row.node_id, str) else ""
-    tool = f" · {t(row.tool)}" if isinstance(row.tool, str) else ""
-    duration = (row.end_ns - row.start_ns) / 1e6
-    return f"{t(row.name)}{tool}{node}<br>starts at {start_ms:,.1f} ms · lasts {duration:,.1f} ms · {t(row.status)}"
-
-
-def timeline_figure(spans: pd.DataFrame, loops: pd.DataFrame | None = None) -> go.Figure:
+def timeline_chart(spans: pd.DataFrame, loops: pd.DataFrame | None = None) -> alt.LayerChart | alt.Chart:
     """A run's spans as a waterfall: one bar per span in tree order (:func:`timeline_order`),
     from its start to its end in ms since the run's first span, coloured by node kind (failed
     spans outlined red), and each caught call a red cross at its time on the row of the node
-    that asked for it. Rows are numbered, so spans of the same name never merge."""
+    that asked for it. Rows are numbered, so spans of the same name never merge. Vega-Lite: one
+    dataset whose ``part`` says what each row draws (``span``, ``caught``)."""
     if spans.empty:
-        return _empty("Span timeline", "no spans")
+        return _empty_vega("Span timeline", "no spans")
     order = timeline_order(spans)
     shown = order[:TIMELINE_SPANS]
     data = spans.iloc[shown].reset_index(drop=True)
     origin = int(spans["start_ns"].min())
-    starts = [(s - origin) / 1e6 for s in data["start_ns"]]
-    lengths = [max((e - s) / 1e6, 0.0) for s, e in zip(data["start_ns"], data["end_ns"], strict=True)]
-    rows = list(data.itertuples(index=False))
-    kinds = [r.kind if isinstance(r.kind, str) else None for r in rows]
-    fig = go.Figure()
-    for kind in dict.fromkeys(kinds):
-        members = [i for i, k in enumerate(kinds) if k == kind]
-        fig.add_bar(
-            y=members, x=[lengths[i] for i in members], base=[starts[i] for i in members], orientation="h", width=0.8,
-            name=plotly_text(kind or "other span"), marker_color=KIND_COLORS.get(kind or "", OTHER_SPAN_COLOR),
-            marker_line={"width": [2 if rows[i].status == "failed" else 0 for i in members], "color": FAILED_COLOR},
-            hovertext=[_span_hover(rows[i], starts[i]) for i in members], hoverinfo="text",
-        )  # fmt: skip
+    rows: list[Any] = list(data.itertuples(index=False))
+    t = chart_text  # every value below comes from the trace
+    drawn: list[dict[str, Any]] = []
+    for i, r in enumerate(rows):
+        start, end = (int(r.start_ns) - origin) / 1e6, (max(int(r.end_ns), int(r.start_ns)) - origin) / 1e6
+        kind = r.kind if isinstance(r.kind, str) and r.kind in KIND_COLORS else "other span"
+        drawn.append({
+            "part": "span", "row": i, "label": f"{i + 1} · {t(r.name, 48)}", "start": start, "end": end, "kind": kind,
+            "failed": r.status == "failed", "span": t(r.name), "call": t(r.tool) if isinstance(r.tool, str) else "",
+            "node": t(r.node_id) if isinstance(r.node_id, str) else "",
+            "when": f"starts at {start:,.1f} ms · lasts {end - start:,.1f} ms · {t(r.status)}",
+        })  # fmt: skip
     row_of_node = {r.node_id: i for i, r in enumerate(rows) if isinstance(r.node_id, str)}
     caught: list[Any] = []
     if loops is not None and not loops.empty:
         caught = [r for r in loops.itertuples(index=False) if r.node_id in row_of_node]
-    if caught:
-        fig.add_scatter(
-            x=[(int(r.time_ns) - origin) / 1e6 for r in caught], y=[row_of_node[str(r.node_id)] for r in caught],
-            mode="markers", name="caught call", marker={"symbol": "x", "size": 10, "color": FAILED_COLOR},
-            hovertext=[_pruned_hover(r, "<br>") for r in caught], hoverinfo="text",
-        )  # fmt: skip
-    labels = [plotly_text(f"{r.name}", 48) for r in rows]
-    more = f" (the first {len(shown)} of {len(order)})" if len(order) > len(shown) else ""
-    fig.update_layout(
-        title=f"Span timeline (ms since the run started): {len(order)} spans{more}, {len(caught)} caught call(s)",
-        height=min(2400, 160 + 22 * len(rows)), barmode="overlay", legend={"orientation": "h"},
-        xaxis={"rangemode": "nonnegative"},
-        yaxis={"tickvals": list(range(len(rows))), "ticktext": labels, "autorange": "reversed"},
+    for r in caught:
+        i = row_of_node[str(r.node_id)]
+        tip = _pruned_tip(r)
+        drawn.append({"part": "caught", "row": i, "label": drawn[i]["label"], "start": (int(r.time_ns) - origin) / 1e6,
+                      "kind": "caught call", "span": tip["what"], "call": tip["call"], "node": tip["node"],
+                      "when": tip["limit"]})  # fmt: skip
+    frame = pd.DataFrame(drawn)
+    kinds = [*KIND_COLORS, "other span", "caught call"]
+    colors = [*KIND_COLORS.values(), OTHER_SPAN_COLOR, FAILED_COLOR]
+    base = alt.Chart(frame).encode(
+        y=alt.Y("label:N", title=None, sort=alt.EncodingSortField(field="row", op="min"),
+                axis=alt.Axis(labelLimit=320)),
+        color=alt.Color("kind:N", title=None, scale=alt.Scale(domain=kinds, range=colors),
+                        legend=alt.Legend(orient="bottom", columns=4)),
+        tooltip=[alt.Tooltip(f"{field}:N", title=title) for field, title in TIMELINE_TIPS],
     )  # fmt: skip
-    return fig
+    bars = base.mark_bar(height={"band": 0.8}).encode(
+        x=alt.X("start:Q", title="ms since the run started", scale=alt.Scale(domainMin=0)), x2="end:Q",
+        stroke=alt.condition("datum.failed", alt.value(FAILED_COLOR), alt.value("transparent")),
+        strokeWidth=alt.condition("datum.failed", alt.value(2), alt.value(0)),
+    ).transform_filter("datum.part == 'span'")  # fmt: skip
+    crosses = base.mark_point(shape="cross", filled=True, size=120).encode(x="start:Q").transform_filter(
+        "datum.part == 'caught'")  # fmt: skip
+    more = f" (the first {len(shown)} of {len(order)})" if len(order) > len(shown) else ""
+    chart = alt.LayerChart(
+        layer=[bars, crosses],
+        title=f"Span timeline (ms since the run started): {len(order)} spans{more}, {len(caught)} caught call(s)",
+        height=alt.Step(max(4, min(22, 2400 // len(rows)))),  # 22 px a row, 2400 px at most
+    )  # fmt: skip
+    return chart
+
+
+TIMELINE_TIPS = (("span", "span"), ("call", "call"), ("node", "node"), ("when", "when"))
+"""The timeline's tooltip: each bar's (or caught call's) fields, by title."""

@@ -170,11 +170,15 @@ def test_a_foreign_run_is_drawn_as_a_tree_in_a_real_browser(dashboard_url: str, 
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.goto(f"{dashboard_url}/run?run={first_langgraph_run()}")
             page.get_by_text("Run tree:", exact=False).first.wait_for(timeout=60_000)
-            page.wait_for_function("() => document.querySelector('.js-plotly-plot') !== null", timeout=60_000)
-            shape = page.evaluate(
-                """() => { const plot = document.querySelector('.js-plotly-plot');
-                           const ys = plot.data[0].y.filter(v => v !== null);
-                           return {edges: ys.length / 2, levels: new Set(ys).size}; }"""
+            tree = ("[...document.querySelectorAll('[data-testid=stVegaLiteChart]')]"
+                    ".find(c => c.querySelector('g.mark-symbol'))")  # fmt: skip
+            page.wait_for_function(f"() => {tree} !== undefined", timeout=60_000)
+            shape = page.evaluate(  # the edges' lines (the first layer), the nodes' rows (their drawn y)
+                f"""() => {{ const chart = {tree};
+                           const ys = [...chart.querySelectorAll('g.mark-symbol path')]
+                               .map(p => p.getAttribute('transform').match(/,([-0-9.e]+)\\)/)[1]);
+                           return {{edges: chart.querySelector('g.mark-rule').children.length,
+                                   levels: new Set(ys).size}}; }}"""
             )
             assert shape["edges"] >= 4 and shape["levels"] >= 3, shape
             page.screenshot(path=str(tmp_path / "foreign-run.png"), full_page=True)
@@ -213,7 +217,8 @@ def hostile_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 CHART_TEXT = ".js-plotly-plot svg text, [data-testid=stVegaLiteChart] svg text"
-"""The text charts draw: plotly's (the run explorer, shapes, tuning) and Vega-Lite's (overview, tools)."""
+"""The text charts draw: plotly's (the icicle, shapes, tuning) and Vega-Lite's (overview, tools, the run's tree and
+timeline)."""
 DOM_FACTS = (
     """() => {
     const plots = [...document.querySelectorAll('"""
@@ -378,10 +383,9 @@ def test_the_run_explorer_finds_sorts_and_opens_a_run_in_a_real_browser(
                                    timeout=60_000)  # fmt: skip
             _settled(page)
             bars = page.evaluate(
-                """() => { const plot = [...document.querySelectorAll('.js-plotly-plot')]
-                                         .find(p => (p.layout?.title?.text ?? '').includes('Span timeline'));
-                           return plot ? plot.data.filter(t => t.type === 'bar')
-                                                  .reduce((n, t) => n + t.y.length, 0) : -1; }"""
+                """() => { const chart = [...document.querySelectorAll('[data-testid=stVegaLiteChart]')]
+                             .find(c => c.querySelector('g.role-title')?.textContent.includes('Span timeline'));
+                           return chart ? chart.querySelector('g.mark-rect').children.length : -1; }"""
             )
             assert bars == spans, (bars, spans)  # one bar per span of the run
             timeline_url = page.url

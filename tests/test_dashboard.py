@@ -78,11 +78,19 @@ def test_charts_escape_markup_from_traces() -> None:
         {"node_id": "n1", "tool": "<b>x</b>", "count": 1, "limit": 1, "limit_source": "default", "action": "prune",
          "shadow": False, "arguments": "<i>", "earlier_node_ids": '{"values":[{"stringValue":"n2"}]}'}
     ])  # fmt: skip
-    fig = charts.tree_figure(nodes, loops)
-    texts = " ".join(str(t) for trace in fig.data for t in (list(trace.hovertext or []) + list(trace.text or [])))
-    assert "<script>" not in texts and "&lt;script&gt;" in texts and "&lt;b&gt;x&lt;/b&gt;" in texts
-    names = [trace.name for trace in fig.data]
-    assert "pruned call" in names and "repeats" in names  # the ghost node, tied to the call it repeated
+    tree = charts.tree_chart(nodes, loops, "n2")
+    rows = _vega_rows(tree)
+    drawn = {r["node"]: r for r in rows if r["part"] == "node"}
+    assert drawn["n2"]["label"] == "<b>x</b> #1.0" and drawn["n2"]["size"] > drawn["n1"]["size"]  # text; selected
+    assert drawn["n2"]["call"] == '<b>x</b> {"q":"<script>alert(1)</script>"}'  # Vega shows text as text
+    ghost = drawn["caught under n1"]  # the ghost node under the think node that asked, tied to the call it repeated
+    assert ghost["kind"] == "pruned call" and ghost["label"] == "<b>x</b>"
+    (repeat,) = [r for r in rows if r["part"] == "repeat"]
+    assert (repeat["x"], repeat["y"], repeat["x2"], repeat["y2"]) == (ghost["x"], ghost["y"], drawn["n2"]["x"],
+                                                                      drawn["n2"]["y"])  # fmt: skip
+    edges = {((r["x"], r["y"]), (r["x2"], r["y2"])) for r in rows if r["part"] == "edge"}
+    assert edges == {((drawn["n1"]["x"], drawn["n1"]["y"]), (d["x"], d["y"])) for d in (drawn["n2"], ghost)}
+    assert "<b>" not in _vega_outside_data(tree.to_dict())  # trace text only as data
     icicle = charts.tree_icicle(nodes, loops)
     assert len(icicle.data[0].ids) == 3 and "<b>" not in " ".join(icicle.data[0].labels)
 
@@ -95,9 +103,11 @@ def _vega_rows(chart: object) -> list[dict[str, object]]:
 
 
 def test_charts_draw_empty_data_as_a_message() -> None:
-    for figure in (charts.shape_scatter(pd.DataFrame()), charts.tree_figure(pd.DataFrame(), pd.DataFrame())):
-        assert figure.layout.annotations and not figure.data
+    figure = charts.shape_scatter(pd.DataFrame())
+    assert figure.layout.annotations and not figure.data
     for chart, message in ((charts.prune_rate_chart(pd.DataFrame()), "no tool calls"),
+                           (charts.tree_chart(pd.DataFrame(), pd.DataFrame()), "no nodes"),
+                           (charts.timeline_chart(pd.DataFrame()), "no spans"),
                            (charts.repeat_outcomes_chart(pd.DataFrame()), "no executed repeats (ordinal >= 2)"),
                            (charts.runs_over_time_chart(pd.DataFrame()), "no runs")):  # fmt: skip
         assert chart.to_dict()["mark"]["type"] == "text" and _vega_rows(chart) == [{"message": message}]
@@ -132,10 +142,14 @@ def test_the_pages_get_each_chart_as_its_validated_spec_without_a_fixed_size() -
                           "pruned_cache": [0]})  # fmt: skip
     by_day = pd.DataFrame({"day": ["2026-01-01"], "runs": [3], "tool_calls": [9], "pruned": [1], "wasted": [0],
                            "prune_rate": [0.1]})  # fmt: skip
+    calls = {"ordinal": 1, "limit": 1, "limit_source": "default", "arguments": "{}", "skill_stack": None}
+    nodes = _spans().dropna(subset=["node_id"]).assign(parent_id=None, depth=0, **calls)
     for chart in (
         charts.prune_rate_chart(rates),
         charts.runs_over_time_chart(by_day),
         charts.prune_rate_chart(rates[:0]),
+        charts.timeline_chart(_spans()),
+        charts.tree_chart(nodes, pd.DataFrame()),
     ):
         validated = chart.to_dict()  # raises when the spec breaks Vega-Lite's schema
         del validated["config"]["view"]  # Altair's default 300 x 300: Streamlit sizes the chart
@@ -188,17 +202,18 @@ def test_the_timeline_draws_spans_in_tree_order_from_the_runs_start() -> None:
     assert [spans["span_id"].iloc[i] for i in charts.timeline_order(spans)] == ["a", "b", "d", "c", "e"]
     loops = pd.DataFrame([{"node_id": "n1", "tool": "<i>t</i>", "count": 2, "limit": 1, "limit_source": "default",
                            "action": "prune", "shadow": False, "arguments": "{}", "time_ns": 15_000_000}])  # fmt: skip
-    fig = charts.timeline_figure(spans, loops)
-    bars = {t.name: t for t in fig.data if t.type == "bar"}
-    assert set(bars) == {"other span", "think", "tool"}
-    assert list(bars["tool"].base) == [30.0] and list(bars["tool"].x) == [30.0]  # ms since the first span
-    assert list(bars["tool"].marker.line.width) == [2]  # failed: outlined
-    assert sorted(y for t in bars.values() for y in t.y) == [0, 1, 2, 3, 4]  # one row each, never merged
-    assert list(fig.layout.yaxis.ticktext)[3] == "execute_tool &lt;b&gt;t&lt;/b&gt;"
-    caught = next(t for t in fig.data if t.name == "caught call")
-    assert list(caught.x) == [15.0] and list(caught.y) == [1]  # on the row of the think node that asked
-    assert "&lt;i&gt;" in caught.hovertext[0] and "<i>" not in caught.hovertext[0]
-    assert charts.timeline_figure(spans.iloc[0:0]).layout.annotations
+    rows = _vega_rows(charts.timeline_chart(spans, loops))
+    bars = [r for r in rows if r["part"] == "span"]
+    assert [r["row"] for r in bars] == [0, 1, 2, 3, 4] and len({r["label"] for r in bars}) == 5  # never merged
+    assert {r["kind"] for r in bars} == {"other span", "think", "tool"}
+    tool = next(r for r in bars if r["kind"] == "tool")
+    assert (tool["start"], tool["end"], tool["failed"]) == (30.0, 60.0, True)  # ms since the first span; outlined
+    assert tool["label"] == "4 · execute_tool <b>t</b>"  # numbered, the name as text
+    (caught,) = [r for r in rows if r["part"] == "caught"]
+    assert (caught["start"], caught["row"]) == (15.0, 1)  # on the row of the think node that asked
+    assert caught["call"] == "<i>t</i> {}" and caught["label"] == bars[1]["label"]
+    chart = charts.timeline_chart(spans, loops).to_dict()
+    assert all(layer["encoding"]["y"]["sort"] == {"field": "row", "op": "min"} for layer in chart["layer"])
 
 
 def test_a_cycle_of_parents_draws_each_span_once() -> None:
@@ -276,9 +291,9 @@ def test_a_foreign_run_is_drawn_as_a_tree(tmp_path: Path, monkeypatch: pytest.Mo
     con.close()
     import json
 
-    tree = next(json.loads(c.proto.spec) for c in at.get("plotly_chart") if "Run tree" in c.proto.spec)
-    edges = [y for y in tree["data"][0]["y"] if y is not None]
-    assert len(edges) // 2 == len(nodes) - 1  # one root, every other node under a parent
+    tree = next(s for s in _vega_specs(at) if "Run tree" in json.dumps(s.get("title")))
+    rows = next(iter(tree["datasets"].values()))
+    assert sum(r["part"] == "edge" for r in rows) == len(nodes) - 1  # one root, every other node under a parent
     assert [(kind, depth) for _, kind, _, depth in nodes] == [
         ("think", 0),
         ("tool", 0),
@@ -311,10 +326,10 @@ def test_a_link_opens_a_runs_timeline_and_a_think_nodes_chat(sample_store: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     at = page("run_explorer", sample_store, monkeypatch, run="sample-nudge_and_cache", view="timeline")
     assert at.segmented_control(key="view").value == "timeline"
-    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
-    timeline = next(s for s in specs if "Span timeline" in s["layout"]["title"]["text"])
-    assert sum(len(t["y"]) for t in timeline["data"] if t["type"] == "bar") == 8
-    assert sum(len(t["x"]) for t in timeline["data"] if t.get("name") == "caught call") == 2
+    timeline = next(s for s in _vega_specs(at) if "Span timeline" in json.dumps(s.get("title")))
+    rows = next(iter(timeline["datasets"].values()))
+    assert sum(r["part"] == "span" for r in rows) == 8 and sum(r["part"] == "caught" for r in rows) == 2
+    assert not at.get("plotly_chart")  # a run of this size is drawn without plotly
     chat = page("run_explorer", sample_store, monkeypatch, run="sample-nudge_and_cache", view="chat", node="n2")
     assert chat.selectbox(key="node_pick").value == "n1"  # a tool node's chat is its think node's
     assert chat.query_params["node"] == "n1" and chat.query_params["view"] == "chat"
@@ -475,6 +490,20 @@ def _elements(at: AppTest) -> Iterator[Any]:
         stack += list(getattr(node, "children", {}).values())
         if getattr(node, "proto", None) is not None:
             yield node.proto
+
+
+def _vega_specs(at: AppTest) -> list[dict[str, Any]]:
+    """Every Vega-Lite chart of the page: its spec, with the datasets Streamlit sends apart (Arrow)
+    put back under ``datasets`` as rows."""
+    import pyarrow as pa
+
+    specs = []
+    for proto in _elements(at):
+        if type(proto).__name__ == "VegaLiteChart":
+            spec = json.loads(proto.spec)
+            spec["datasets"] = {d.name: pa.ipc.open_stream(d.data.data).read_all().to_pylist() for d in proto.datasets}
+            specs.append(spec)
+    return specs
 
 
 def _vega_outside_data(spec: dict[str, Any]) -> str:

@@ -23,7 +23,15 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from rich.console import Console
 from rich.table import Table
 
-from dashboard.charts import chart_text, plotly_text, prune_rate_chart, repeat_outcomes_chart, tree_figure, tree_icicle
+from dashboard.charts import (
+    chart_text,
+    plotly_text,
+    prune_rate_chart,
+    repeat_outcomes_chart,
+    timeline_chart,
+    tree_chart,
+    tree_icicle,
+)
 from dashboard.text import literal
 from treellm import ModelTurn, OTLPJsonlSpanExporter, ScriptedModel, Tool, ToolCall, TreeConfig, TreeExecutor
 from treellm.inspector import terminal_text
@@ -118,8 +126,7 @@ def test_every_chart_escapes_names_and_ids() -> None:
               "shadow": False, "arguments": HTML, "earlier_node_ids": json.dumps([node_id("n2")])}]  # fmt: skip
     import pandas as pd
 
-    figures = [tree_figure(pd.DataFrame(nodes), pd.DataFrame(loops)), tree_icicle(pd.DataFrame(nodes),
-               pd.DataFrame(loops))]  # fmt: skip
+    figures = [tree_icicle(pd.DataFrame(nodes), pd.DataFrame(loops))]
     for figure in figures:
         for trace in figure.data:  # customdata is never shown (no hovertemplate reads it): the raw ids
             trace.customdata = None
@@ -137,6 +144,17 @@ def test_every_chart_escapes_names_and_ids() -> None:
         shown = {row["tool"] for rows in spec["datasets"].values() for row in rows}
         assert shown == {chart_text(TOOL)} and "<b>b</b>" in chart_text(TOOL) and "\x1b" not in chart_text(TOOL)
         assert not {"href", "url", "image"} & set(spec["encoding"]), spec["encoding"]
+    spans = pd.DataFrame([{"span_id": "s1", "parent_span_id": None, "name": TOOL, "node_id": node_id("n2"),
+                           "kind": "tool", "start_ns": 0, "end_ns": 5, "status": HTML, "tool": TOOL}])  # fmt: skip
+    timed = [{**loops[0], "time_ns": 2}]
+    for chart in (tree_chart(pd.DataFrame(nodes), pd.DataFrame(loops)), timeline_chart(spans, pd.DataFrame(timed))):
+        spec = chart.to_dict()
+        texts = [v for rows in spec["datasets"].values() for row in rows for v in row.values() if isinstance(v, str)]
+        assert any("<b>b</b>" in v for v in texts) and not any(CONTROL.search(v) for v in texts)  # one line, as text
+        outside = json.dumps({k: v for k, v in spec.items() if k != "datasets"}, ensure_ascii=False)
+        assert "<b>" not in outside and HTML not in outside  # trace text only in the data, drawn as text
+        for layer in spec["layer"]:
+            assert not {"href", "url", "image"} & set(layer["encoding"]), layer["encoding"]
 
 
 def test_literal_markdown_escapes_every_construct() -> None:
