@@ -1,31 +1,24 @@
 """Pure ``DataFrame -> chart`` builders: no Streamlit, no store, unit-tested.
 
-The overview's and the tools page's bar and line charts, and the run explorer's tree and
-timeline, are Vega-Lite (Altair): plotly's 4.7 MB of JavaScript is loaded and run only on a page
-that draws a plotly figure, and it was about a second of each load on two cores, Vega's a tenth
-of that (BENCHMARKS.md, "Dashboard"). Vega draws text as text, so trace strings reach those
-charts through :func:`chart_text` (one line, cut). The icicle (plotly lays it out and drills
-down into it), the shapes' scatter and the what-if chart stay plotly.
+Every chart is Vega-Lite (Altair); the pages hand Streamlit its spec (:func:`vega_spec`). Plotly
+drew the trees, the timeline, the shapes and the what-if chart until 2026-12-06: its 4.7 MB of
+JavaScript was loaded and run on every page that drew one, about a second of each load on two
+cores, Vega's a tenth of that (BENCHMARKS.md, "Dashboard").
 
-Everything that comes from a trace goes through :func:`plotly_text` before it reaches a
-plotly figure: plotly renders a subset of HTML (``<b>``, ``<a href>``, ``<br>``, ``<span style>``,
-entities) in text, hover text, legend names, titles and tick labels, so a name, id or
-argument could otherwise inject markup or a link. Node ids never serve as plotly ids.
-Trees are laid out by igraph's Reingold-Tilford layout, or drawn as an icicle (plotly's
-own layout) when large.
+Vega draws text as text (no markup, no entities), so trace strings reach a chart through
+:func:`chart_text` (one line without control characters, cut), as data values: a chart's spec
+holds trace text only in its data and, for the what-if chart, its title. Trees are laid out by
+igraph's Reingold-Tilford layout, or drawn as an icicle (:func:`_partition`) when large.
 """
 
 from __future__ import annotations
 
-import html
 import json
-from collections.abc import Callable
 from typing import Any
 
 import altair as alt
 import igraph
 import pandas as pd
-import plotly.graph_objects as go
 
 from dashboard.text import plain
 
@@ -34,11 +27,10 @@ __all__ = [
     "chart_text",
     "vega_spec",
     "TREE_ICICLE_AT",
-    "plotly_text",
     "prune_rate_chart",
     "repeat_outcomes_chart",
     "runs_over_time_chart",
-    "shape_scatter",
+    "shape_chart",
     "timeline_chart",
     "timeline_order",
     "tree_chart",
@@ -55,24 +47,6 @@ TIMELINE_SPANS = 600
 """The waterfall draws at most this many spans (the first in tree order) and says so."""
 OTHER_SPAN_COLOR = "#BAB0AC"
 FAILED_COLOR = "#E45756"
-
-
-def plotly_text(value: Any, limit: int = 160) -> str:
-    """``value`` as plotly text that shows exactly that text: cut to ``limit`` characters,
-    on one line, with ``&``, ``<`` and ``>`` escaped (plotly decodes ``&amp;``, ``&lt;``
-    and ``&gt;`` but not ``&quot;``, so quotes stay as they are). Missing values are ``""``."""
-    if value is None or value is pd.NA or (isinstance(value, float) and pd.isna(value)):
-        return ""
-    text = " ".join(str(value).split())
-    text = text if len(text) <= limit else text[: limit - 1] + "…"
-    return html.escape(text, quote=False)
-
-
-def _empty(title: str, message: str) -> go.Figure:
-    fig = go.Figure()
-    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
-    fig.update_layout(title=title, xaxis_visible=False, yaxis_visible=False, height=260)
-    return fig
 
 
 BARS_WITHIN_DAYS = 31
@@ -118,8 +92,7 @@ OVER_TIME_COLORS = {"runs": "#4C78A8", "tool calls": "#9ECAE9", "pruned": "#E457
 def runs_over_time_chart(by_day: pd.DataFrame) -> alt.LayerChart | alt.Chart:
     """Runs, tool calls, pruned calls and wasted repeats per day, with the prune rate on its own
     axis (right): days on a UTC date axis (gaps show as gaps), counts and the rate never drawn
-    below zero. Vega-Lite, not plotly: the overview loads no plotly (its 4.7 MB of JavaScript
-    was a second of every load, BENCHMARKS.md "Dashboard")."""
+    below zero."""
     if by_day.empty:
         return _empty_vega("Over time", "no runs")
     days = pd.to_datetime(by_day["day"])
@@ -129,7 +102,9 @@ def runs_over_time_chart(by_day: pd.DataFrame) -> alt.LayerChart | alt.Chart:
     names = [name for _, name in COUNT_SERIES]
     counts = frame.melt(id_vars=["day"], value_vars=names, var_name="series", value_name="count")
     palette = alt.Scale(domain=list(OVER_TIME_COLORS), range=list(OVER_TIME_COLORS.values()))
-    color = alt.Color("series:N", title=None, legend=alt.Legend(orient="bottom"), scale=palette)
+    color = alt.Color(
+        "series:N", title=None, legend=alt.Legend(orient="bottom", columns=2, labelLimit=0), scale=palette
+    )
     tooltip = [alt.Tooltip("day:T", timeUnit="utcyearmonthdate", title="day"), "series:N", "count:Q"]
     count_axis = alt.Y("count:Q", title="count", scale=alt.Scale(domainMin=0))
     if span_days <= BARS_WITHIN_DAYS:
@@ -219,76 +194,86 @@ def repeat_outcomes_chart(outcomes: pd.DataFrame) -> alt.Chart:
     return chart
 
 
-def what_if_chart(table: pd.DataFrame, tool: str) -> go.Figure:
-    """For one tool, calls saved (wasted) and lost (productive) at each limit."""
+def what_if_chart(table: pd.DataFrame, tool: str) -> alt.LayerChart | alt.Chart:
+    """For one tool, at each limit: the repeats it would save (wasted), lose (productive) and leave
+    unknown (pruned in the data, so never seen to run), side by side, the branches it would end as a
+    line, and the current limit as a dashed rule (or a note that the data never ran under one)."""
     data = table[table["tool"] == tool]
+    title = f"What if: limits for {chart_text(tool)}"
     if data.empty:
-        return _empty(f"What if: {plotly_text(tool)}", "no calls of this tool")
-    fig = go.Figure()
-    fig.add_bar(x=data["limit"], y=data["saved"], name="saved (wasted repeats pruned)", marker_color="#54A24B")
-    fig.add_bar(x=data["limit"], y=data["lost"], name="lost (productive repeats pruned)", marker_color="#E45756")
-    fig.add_bar(x=data["limit"], y=data["unknown"], name="unknown (pruned in the data, would run)",
-                marker_color="#BAB0AC")  # fmt: skip
-    fig.add_scatter(x=data["limit"], y=data["branches_ended"], name="branches that would end", mode="lines+markers")
+        return _empty_vega(title, "no calls of this tool")
+    drawn = [{"part": "bar", "limit": int(limit), "series": name, "order": order, "calls": int(count)}
+             for order, (column, name, _) in enumerate(WHAT_IF_SERIES)
+             for limit, count in zip(data["limit"], data[column], strict=True)]  # fmt: skip
+    drawn += [{"part": "line", "limit": int(limit), "series": "branches that would end", "calls": int(ended)}
+              for limit, ended in zip(data["limit"], data["branches_ended"], strict=True)]  # fmt: skip
     current = data["current_limit"].iloc[0]
     if pd.notna(current):
-        fig.add_vline(x=int(current), line_dash="dash", annotation_text=f"current limit {int(current)}")
-    else:
-        fig.add_annotation(text="no limit observed in the data", xref="paper", yref="paper", x=1, y=1.08,
-                           showarrow=False)  # fmt: skip
-    fig.update_layout(title=f"What if: limits for {plotly_text(tool)}", xaxis_title="max_repeats", barmode="group",
-                      height=340)  # fmt: skip
-    return fig
+        drawn.append({"part": "current", "limit": int(current), "series": f"current limit {int(current)}"})
+    frame = pd.DataFrame(drawn)
+    names = [name for _, name, _ in WHAT_IF_SERIES] + ["branches that would end"]
+    color = alt.Color("series:N", title=None, legend=alt.Legend(orient="bottom", columns=2, labelLimit=0),
+                      scale=alt.Scale(domain=names, range=[c for _, _, c in WHAT_IF_SERIES] + ["#4C78A8"]))  # fmt: skip
+    x = alt.X("limit:O", title="max_repeats", axis=alt.Axis(labelAngle=0))
+    base = alt.Chart(frame).encode(x=x)
+    bars = base.mark_bar().encode(
+        xOffset=alt.XOffset("series:N", sort=names), y=alt.Y("calls:Q", title="calls"), color=color,
+        tooltip=["limit:O", "series:N", "calls:Q"],
+    ).transform_filter("datum.part == 'bar'")  # fmt: skip
+    line = base.mark_line(point=True).encode(y="calls:Q", color=color, tooltip=["limit:O", "series:N", "calls:Q"])
+    layers: list[alt.Chart] = [bars, line.transform_filter("datum.part == 'line'")]
+    if pd.notna(current):
+        rule = base.mark_rule(strokeDash=[4, 4], color="#333333").encode(tooltip=alt.value(None))
+        note = base.mark_text(align="left", dx=4, dy=-6, color="#333333").encode(y=alt.value(0), text="series:N")
+        layers += [rule.transform_filter("datum.part == 'current'"), note.transform_filter("datum.part == 'current'")]
+    subtitle = [] if pd.notna(current) else ["no limit observed in the data"]
+    chart = alt.LayerChart(layer=layers, title=alt.Title(title, subtitle=subtitle), height=340)
+    return chart
 
 
-def shape_scatter(groups: pd.DataFrame, color: str = "agent") -> go.Figure:
-    """Runs by max depth against max breadth: one bubble per (depth, breadth, ``color``),
-    sized by how many runs share it (so a million runs draw as a few hundred bubbles)."""
+WHAT_IF_SERIES = (("saved", "saved (wasted repeats pruned)", "#54A24B"),
+                  ("lost", "lost (productive repeats pruned)", "#E45756"),
+                  ("unknown", "unknown (pruned in the data, would run)", "#BAB0AC"))  # fmt: skip
+"""The what-if chart's bars: (column, name, colour)."""
+
+
+def shape_chart(groups: pd.DataFrame, color: str = "agent") -> alt.Chart:
+    """Runs by max depth against max breadth: one bubble per (depth, breadth, ``color``), its area
+    by how many runs share it (so a million runs draw as a few hundred bubbles)."""
     if groups.empty:
-        return _empty("Tree shapes", "no runs")
-    fig = go.Figure()
-    biggest = max(int(groups["runs"].max()), 1)
-    for value, group in groups.groupby(color):
-        fig.add_scatter(
-            x=group["max_depth"], y=group["max_breadth"], mode="markers", name=plotly_text(value),
-            marker={"size": 6 + 30 * (group["runs"] / biggest) ** 0.5, "opacity": 0.6},
-            hovertext=[f"{r} run(s) · depth {d} · breadth {b} · {n:.0f} nodes on average · e.g. {plotly_text(e)}"
-                       for r, d, b, n, e in zip(group["runs"], group["max_depth"], group["max_breadth"],
-                                                group["nodes"], group["example"], strict=True)],
-            hoverinfo="text",
-        )  # fmt: skip
-    fig.update_layout(title="Depth against breadth (bubble size: runs)", xaxis_title="max depth",
-                      yaxis_title="max breadth", height=360)  # fmt: skip
-    return fig
+        return _empty_vega("Tree shapes", "no runs")
+    frame = pd.DataFrame({
+        "max_depth": groups["max_depth"].astype(int), "max_breadth": groups["max_breadth"].astype(int),
+        "runs": groups["runs"].astype(int), "nodes": groups["nodes"].astype(float).round(1),
+        color: [chart_text(v) for v in groups[color]], "example": [chart_text(e) for e in groups["example"]],
+    })  # fmt: skip
+    chart: alt.Chart = (
+        alt.Chart(frame)
+        .mark_circle(opacity=0.6)
+        .encode(
+            x=alt.X("max_depth:Q", title="max depth"), y=alt.Y("max_breadth:Q", title="max breadth"),
+            size=alt.Size("runs:Q", scale=alt.Scale(type="sqrt", range=[36, 1300]), legend=None),  # the title says
+            color=alt.Color(f"{color}:N", legend=alt.Legend(orient="bottom", columns=3, labelLimit=0)),  # text cuts
+            tooltip=[alt.Tooltip("runs:Q", title="runs"), alt.Tooltip("max_depth:Q", title="depth"),
+                     alt.Tooltip("max_breadth:Q", title="breadth"), alt.Tooltip("nodes:Q", title="nodes on average"),
+                     alt.Tooltip(f"{color}:N"), alt.Tooltip("example:N", title="e.g.")],
+        )
+        .properties(title="Depth against breadth (bubble size: runs)", height=360)
+        .interactive()
+    )  # fmt: skip
+    return chart
 
 
 # -- trees -------------------------------------------------------------------------------------------
 
 
-def _node_label(row: Any, t: Callable[..., str] = plotly_text) -> str:
-    """A node's label: its tool and ordinal, or its kind, through ``t`` (plotly's or Vega's text rule)."""
+def _node_label(row: Any) -> str:
+    """A node's label: its tool and ordinal, or its kind."""
+    t = chart_text  # every value below comes from the trace
     if row.kind == "tool":
         tool = t(row.tool, 40)
         return f"{tool} #{t(row.ordinal)}" if pd.notna(row.ordinal) else tool
     return t(row.kind)
-
-
-def _hover(row: Any) -> str:
-    t = plotly_text  # every value below comes from the trace
-    parts = [f"{t(row.node_id)} · {t(row.kind)} · {t(row.status)} · depth {t(row.depth)}"]
-    if row.kind == "tool":
-        parts.append(f"{t(row.tool)} {t(row.arguments, 120)}")
-        parts.append(f"ordinal {t(row.ordinal)} / limit {t(row.limit)} ({t(row.limit_source)})")
-    if isinstance(row.skill_stack, str) and row.skill_stack not in ("", "[]"):
-        parts.append(f"skill {t(row.skill_stack)}")
-    return "<br>".join(parts)
-
-
-def _pruned_hover(row: Any) -> str:
-    t = plotly_text  # every value below comes from the trace
-    shadow = " · shadow" if row.shadow else ""
-    return (f"pruned {t(row.tool)} {t(row.arguments, 100)} · count {t(row.count)} ≥ limit {t(row.limit)} "
-            f"({t(row.limit_source)}) · {t(row.action)}{shadow}")  # fmt: skip
 
 
 def tree_chart(nodes: pd.DataFrame, loops: pd.DataFrame, selected: str | None = None) -> alt.LayerChart | alt.Chart:
@@ -312,7 +297,7 @@ def tree_chart(nodes: pd.DataFrame, loops: pd.DataFrame, selected: str | None = 
     for i, row in enumerate(nodes.itertuples(index=False)):
         kind = str(row.kind) if row.kind in KIND_COLORS else "other"
         drawn.append({
-            "part": "node", "x": xs[i], "y": ys[i], "kind": kind, "label": _node_label(row, chart_text),
+            "part": "node", "x": xs[i], "y": ys[i], "kind": kind, "label": _node_label(row),
             "line": STATUS_LINE.get(str(row.status), "#333333"), "size": 260 if row.node_id == selected else 130,
             **_tip(row),
         })  # fmt: skip
@@ -394,38 +379,98 @@ def _ids(raw: Any) -> list[str]:
     return [str(v) for v in value if v is not None] if isinstance(value, list) else []
 
 
-def tree_icicle(nodes: pd.DataFrame, loops: pd.DataFrame) -> go.Figure:
-    """A large run as an icicle (plotly lays it out): every node a box under its parent,
-    pruned calls as red boxes under the ThinkNode that asked. Readable at thousands of nodes."""
+def tree_icicle(nodes: pd.DataFrame, loops: pd.DataFrame) -> alt.LayerChart | alt.Chart:
+    """A large run as an icicle: every node a box under its parent, as wide as the leaves under it,
+    a row per depth, pruned calls as red boxes under the ThinkNode that asked. Readable at thousands
+    of nodes: zoomed and panned by wheel and drag; a box's label shows once it is wide enough."""
     if nodes.empty:
-        return _empty("Run tree", "no nodes")
-    index = {node_id: f"n{i}" for i, node_id in enumerate(nodes["node_id"])}  # plotly ids: never the trace's
-    ids = list(index.values())
-    parents = [index.get(p, "") for p in nodes["parent_id"]]
-    labels = [_node_label(r) for r in nodes.itertuples(index=False)]
-    colors = [KIND_COLORS.get(str(k), "#999") for k in nodes["kind"]]
-    hover = [_hover(r) for r in nodes.itertuples(index=False)]
-    for i, row in enumerate(loops.itertuples(index=False)):
-        if row.node_id in index:
-            ids.append(f"p{i}")
-            parents.append(index[row.node_id])
-            labels.append(f"✂ {plotly_text(row.tool, 30)}")
-            colors.append("#E45756")
-            hover.append(_pruned_hover(row))
-    fig = go.Figure(
-        go.Icicle(
-            ids=ids,
-            parents=parents,
-            labels=labels,
-            marker={"colors": colors},
-            hovertext=hover,
-            hoverinfo="text",
-            maxdepth=8,
-            tiling={"orientation": "v"},
-        )
-    )
-    fig.update_layout(title=f"Run tree (icicle): {len(nodes)} nodes, {len(loops)} caught call(s)", height=720)
-    return fig
+        return _empty_vega("Run tree", "no nodes")
+    rows = list(nodes.itertuples(index=False))
+    index = {r.node_id: i for i, r in enumerate(rows)}
+    ghosts = [row for row in loops.itertuples(index=False) if row.node_id in index]
+    boxes = _partition(
+        [index.get(r.parent_id) for r in rows] + [index[g.node_id] for g in ghosts], first_ghost=len(rows)
+    )  # fmt: skip
+    total = sum(width for _, depth, _, width in boxes if depth == 0)
+    drawn: list[dict[str, Any]] = []
+    for item, depth, x0, width in boxes:
+        if item < len(rows):
+            row = rows[item]
+            kind = str(row.kind) if row.kind in KIND_COLORS else "other"
+            facts = {"kind": kind, "label": _node_label(row), **_tip(row)}
+        else:
+            ghost = ghosts[item - len(rows)]
+            facts = {"kind": "pruned call", "label": f"✂ {chart_text(ghost.tool, 30)}", **_pruned_tip(ghost)}
+        shown = facts["label"] if width / total >= ICICLE_LABEL_SHARE else ""
+        drawn.append({**facts, "label": shown, "x": x0, "x2": x0 + width, "y": depth, "y2": depth + 1})
+    levels = 1 + max(depth for _, depth, _, _ in boxes)
+    frame = pd.DataFrame(drawn)
+    kinds = [*KIND_COLORS, "other", "pruned call"]
+    colors = [*KIND_COLORS.values(), "#999999", FAILED_COLOR]
+    across = alt.Scale(domain=[0, total], nice=False, zero=False)
+    down = alt.Scale(domain=[0, levels], reverse=True, nice=False, zero=False)
+    base = alt.Chart(frame).encode(x=alt.X("x:Q", axis=None, scale=across), y=alt.Y("y:Q", axis=None, scale=down))
+    boxes_drawn = base.mark_rect(stroke="white", strokeWidth=1).encode(
+        x2="x2:Q", y2="y2:Q",
+        color=alt.Color("kind:N", title=None, scale=alt.Scale(domain=kinds, range=colors),
+                        legend=alt.Legend(orient="bottom")),
+        tooltip=[alt.Tooltip(f"{field}:N", title=title) for field, title in TREE_TIPS],
+    )  # fmt: skip
+    labels = (
+        alt.Chart(frame)
+        .transform_calculate(cx="(datum.x + datum.x2) / 2", cy="datum.y + 0.5")
+        .mark_text(fontSize=10, color="white", limit=160)
+        .encode(x=alt.X("cx:Q", scale=across, axis=None), y=alt.Y("cy:Q", scale=down, axis=None), text="label:N",
+                tooltip=alt.value(None))
+    )  # fmt: skip
+    chart = alt.LayerChart(
+        layer=[boxes_drawn, labels], title=f"Run tree (icicle): {len(nodes)} nodes, {len(ghosts)} caught call(s)",
+        height=min(2400, max(300, 36 * levels)),
+    ).interactive()  # fmt: skip
+    return chart
+
+
+ICICLE_LABEL_SHARE = 0.03
+"""A box of the icicle is labelled when it is at least this share of the run's width (zoomed out)."""
+
+
+def _partition(parents: list[int | None], first_ghost: int) -> list[tuple[int, int, float, float]]:
+    """The icicle's layout (pure): (item, depth, x, width) for each item, depth first from the roots
+    (an item whose parent is None, unknown or itself; then any left in a cycle), each leaf one wide,
+    a parent as wide as its children. ``parents[i]``: the position of item ``i``'s parent; the items
+    from ``first_ghost`` on are the pruned calls, placed after their node's own children."""
+    children: dict[int | None, list[int]] = {}
+    for item, parent in enumerate(parents):
+        children.setdefault(None if parent is None or parent == item else parent, []).append(item)
+    for members in children.values():
+        members.sort(key=lambda i: (i >= first_ghost, i))
+    order: list[tuple[int, int, int]] = []  # (item, depth, position of the parent in order or -1)
+    seen: set[int] = set()
+    for start in [*children.get(None, []), *range(len(parents))]:
+        stack = [(start, 0, -1)]
+        while stack:
+            item, depth, parent_at = stack.pop()
+            if item in seen:
+                continue
+            seen.add(item)
+            order.append((item, depth, parent_at))
+            at = len(order) - 1
+            stack += [(child, depth + 1, at) for child in reversed(children.get(item, []))]
+    width = [0.0] * len(order)
+    for at in range(len(order) - 1, -1, -1):
+        width[at] = width[at] or 1.0
+        if order[at][2] >= 0:
+            width[order[at][2]] += width[at]
+    x = [0.0] * len(order)
+    cursor = [0.0] * len(order)
+    roots = 0.0
+    for at, (_, _, parent_at) in enumerate(order):
+        if parent_at < 0:
+            x[at], roots = roots, roots + width[at]
+        else:
+            x[at] = x[parent_at] + cursor[parent_at]
+            cursor[parent_at] += width[at]
+    return [(item, depth, x[at], width[at]) for at, (item, depth, _) in enumerate(order)]
 
 
 # -- the span timeline (waterfall) ----------------------------------------------------------------------

@@ -2,7 +2,7 @@
 imported before the server listens.
 
 ``treellm dashboard`` starts the server this way. Streamlit imports what a page imports when the
-page first runs, so the first visitor after a start used to wait for pandas, Plotly, the
+page first runs, so the first visitor after a start used to wait for pandas, Altair, the
 analysis and (reading a chDB folder) chDB: about 0.7-1 s of the first page's time (3.0 s against
 2.0 s once warm, on the sample store). Imported here first, the server takes that long to start
 instead, and every visitor's page runs its queries only. A chDB folder is also opened once here
@@ -17,7 +17,7 @@ import sys
 from treellm.errors import TreeLLMError
 
 PRELOADED = (
-    "pandas", "pyarrow", "plotly.graph_objects", "igraph", "treellm.analysis", "dashboard.charts", "dashboard.data",
+    "pandas", "pyarrow", "altair", "igraph", "treellm.analysis", "dashboard.charts", "dashboard.data",
 )  # fmt: skip
 """What every page imports (``dashboard.data`` brings Streamlit and the analysis; pyarrow carries
 each table to the browser, and chDB's query results)."""

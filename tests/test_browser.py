@@ -216,9 +216,8 @@ def hostile_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
-CHART_TEXT = ".js-plotly-plot svg text, [data-testid=stVegaLiteChart] svg text"
-"""The text charts draw: plotly's (the icicle, shapes, tuning) and Vega-Lite's (overview, tools, the run's tree and
-timeline)."""
+CHART_TEXT = "[data-testid=stVegaLiteChart] svg text"
+"""The text the charts draw (Vega-Lite's SVG)."""
 DOM_FACTS = (
     """() => {
     const plots = [...document.querySelectorAll('"""
@@ -226,7 +225,7 @@ DOM_FACTS = (
     + """')].map(t => t.textContent);
     return {
         images: [...document.images].map(i => i.src),
-        links: [...document.querySelectorAll('a')].map(a => {  // HTML and SVG links (plotly draws <a> in SVG)
+        links: [...document.querySelectorAll('a')].map(a => {  // HTML and SVG links
             const href = a.getAttribute('href') ?? a.getAttribute('xlink:href') ?? '';
             try { return new URL(href, document.baseURI).href; } catch (e) { return href; }
         }),

@@ -91,8 +91,10 @@ def test_charts_escape_markup_from_traces() -> None:
     edges = {((r["x"], r["y"]), (r["x2"], r["y2"])) for r in rows if r["part"] == "edge"}
     assert edges == {((drawn["n1"]["x"], drawn["n1"]["y"]), (d["x"], d["y"])) for d in (drawn["n2"], ghost)}
     assert "<b>" not in _vega_outside_data(tree.to_dict())  # trace text only as data
-    icicle = charts.tree_icicle(nodes, loops)
-    assert len(icicle.data[0].ids) == 3 and "<b>" not in " ".join(icicle.data[0].labels)
+    boxes = _vega_rows(charts.tree_icicle(nodes, loops))
+    assert sorted((b["kind"], b["y"], b["x"], b["x2"]) for b in boxes) == [  # a row per depth, as wide as its leaves
+        ("pruned call", 1, 1.0, 2.0), ("think", 0, 0.0, 2.0), ("tool", 1, 0.0, 1.0)]  # fmt: skip
+    assert {b["label"] for b in boxes} == {"think", "<b>x</b> #1.0", "✂ <b>x</b>"}  # text, never markup
 
 
 def _vega_rows(chart: object) -> list[dict[str, object]]:
@@ -103,9 +105,9 @@ def _vega_rows(chart: object) -> list[dict[str, object]]:
 
 
 def test_charts_draw_empty_data_as_a_message() -> None:
-    figure = charts.shape_scatter(pd.DataFrame())
-    assert figure.layout.annotations and not figure.data
     for chart, message in ((charts.prune_rate_chart(pd.DataFrame()), "no tool calls"),
+                           (charts.shape_chart(pd.DataFrame()), "no runs"),
+                           (charts.what_if_chart(pd.DataFrame({"tool": []}), "t"), "no calls of this tool"),
                            (charts.tree_chart(pd.DataFrame(), pd.DataFrame()), "no nodes"),
                            (charts.timeline_chart(pd.DataFrame()), "no spans"),
                            (charts.repeat_outcomes_chart(pd.DataFrame()), "no executed repeats (ordinal >= 2)"),
@@ -116,12 +118,17 @@ def test_charts_draw_empty_data_as_a_message() -> None:
 def test_what_if_chart_marks_the_current_limit() -> None:
     table = pd.DataFrame({"tool": ["t"] * 3, "limit": [1, 2, 3], "current_limit": [2] * 3, "saved": [5, 2, 0],
                           "lost": [3, 1, 0], "unknown": [0, 0, 4], "branches_ended": [4, 1, 0]})  # fmt: skip
-    fig = charts.what_if_chart(table, "t")
-    assert [t.name for t in fig.data][:2] == ["saved (wasted repeats pruned)", "lost (productive repeats pruned)"]
-    assert fig.layout.shapes[0].x0 == 2
+    chart = charts.what_if_chart(table, "t")
+    rows = _vega_rows(chart)
+    bars = {(r["limit"], r["series"]): r["calls"] for r in rows if r["part"] == "bar"}
+    assert bars[(1, "saved (wasted repeats pruned)")] == 5 and bars[(1, "lost (productive repeats pruned)")] == 3
+    assert bars[(3, "unknown (pruned in the data, would run)")] == 4
+    assert [(r["limit"], r["calls"]) for r in rows if r["part"] == "line"] == [(1, 4), (2, 1), (3, 0)]
+    assert [(r["limit"], r["series"]) for r in rows if r["part"] == "current"] == [(2, "current limit 2")]
+    assert len(chart.to_dict()["layer"]) == 4  # bars, the line, the current limit's rule and its note
     table["current_limit"] = pd.array([pd.NA] * 3, dtype="Int64")  # the data never ran under a limit
-    fig = charts.what_if_chart(table, "t")
-    assert not fig.layout.shapes and "no limit observed" in fig.layout.annotations[0].text
+    spec = charts.what_if_chart(table, "t").to_dict()
+    assert len(spec["layer"]) == 2 and spec["title"]["subtitle"] == ["no limit observed in the data"]
 
 
 def test_prune_rate_chart_stacks_actions() -> None:
@@ -142,6 +149,10 @@ def test_the_pages_get_each_chart_as_its_validated_spec_without_a_fixed_size() -
                           "pruned_cache": [0]})  # fmt: skip
     by_day = pd.DataFrame({"day": ["2026-01-01"], "runs": [3], "tool_calls": [9], "pruned": [1], "wasted": [0],
                            "prune_rate": [0.1]})  # fmt: skip
+    what_if = pd.DataFrame({"tool": ["t"] * 2, "limit": [1, 2], "current_limit": [1] * 2, "saved": [5, 2],
+                            "lost": [3, 1], "unknown": [0, 0], "branches_ended": [4, 1]})  # fmt: skip
+    shapes = pd.DataFrame({"max_depth": [1, 3], "max_breadth": [2, 1], "runs": [10, 1], "nodes": [3.0, 4.5],
+                           "agent": ["a", "b"], "example": ["r1", "r2"]})  # fmt: skip
     calls = {"ordinal": 1, "limit": 1, "limit_source": "default", "arguments": "{}", "skill_stack": None}
     nodes = _spans().dropna(subset=["node_id"]).assign(parent_id=None, depth=0, **calls)
     for chart in (
@@ -150,6 +161,9 @@ def test_the_pages_get_each_chart_as_its_validated_spec_without_a_fixed_size() -
         charts.prune_rate_chart(rates[:0]),
         charts.timeline_chart(_spans()),
         charts.tree_chart(nodes, pd.DataFrame()),
+        charts.what_if_chart(what_if, "t"),
+        charts.what_if_chart(what_if.assign(current_limit=None), "t"),
+        charts.shape_chart(shapes, "agent"),
     ):
         validated = chart.to_dict()  # raises when the spec breaks Vega-Lite's schema
         del validated["config"]["view"]  # Altair's default 300 x 300: Streamlit sizes the chart
@@ -329,7 +343,7 @@ def test_a_link_opens_a_runs_timeline_and_a_think_nodes_chat(sample_store: Path,
     timeline = next(s for s in _vega_specs(at) if "Span timeline" in json.dumps(s.get("title")))
     rows = next(iter(timeline["datasets"].values()))
     assert sum(r["part"] == "span" for r in rows) == 8 and sum(r["part"] == "caught" for r in rows) == 2
-    assert not at.get("plotly_chart")  # a run of this size is drawn without plotly
+    assert not at.get("plotly_chart")  # every chart is Vega-Lite
     chat = page("run_explorer", sample_store, monkeypatch, run="sample-nudge_and_cache", view="chat", node="n2")
     assert chat.selectbox(key="node_pick").value == "n1"  # a tool node's chat is its think node's
     assert chat.query_params["node"] == "n1" and chat.query_params["view"] == "chat"
@@ -507,9 +521,10 @@ def _vega_specs(at: AppTest) -> list[dict[str, Any]]:
 
 
 def _vega_outside_data(spec: dict[str, Any]) -> str:
-    """A Vega-Lite spec without what Vega draws as text only: its datasets' values and the data values
-    an axis is sorted by. Asserts that no layer links or shows an image (``href``, ``url``, ``image``)."""
-    spec = {k: v for k, v in spec.items() if k != "datasets"}
+    """A Vega-Lite spec without what Vega draws as text only: its datasets' values, the data values
+    an axis is sorted by and its title (the what-if chart names its tool there, through
+    ``chart_text``). Asserts that no layer links or shows an image (``href``, ``url``, ``image``)."""
+    spec = {k: v for k, v in spec.items() if k not in ("datasets", "title")}
     for layer in [spec, *spec.get("layer", [])]:
         encoding = layer.get("encoding", {})
         assert not {"href", "url", "image"} & set(encoding), encoding

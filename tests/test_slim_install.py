@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 WHEELHOUSE = ROOT / ".wheelhouse"
-HEAVY = {"duckdb", "pandas", "numpy", "pyarrow", "streamlit", "plotly", "igraph", "openai", "starlette", "uvicorn"}
+HEAVY = {"duckdb", "pandas", "numpy", "pyarrow", "streamlit", "altair", "igraph", "openai", "starlette", "uvicorn"}
 
 SCRIPT = textwrap.dedent(
     """

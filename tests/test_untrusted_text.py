@@ -25,12 +25,13 @@ from rich.table import Table
 
 from dashboard.charts import (
     chart_text,
-    plotly_text,
     prune_rate_chart,
     repeat_outcomes_chart,
+    shape_chart,
     timeline_chart,
     tree_chart,
     tree_icicle,
+    what_if_chart,
 )
 from dashboard.text import literal
 from treellm import ModelTurn, OTLPJsonlSpanExporter, ScriptedModel, Tool, ToolCall, TreeConfig, TreeExecutor
@@ -108,13 +109,6 @@ def hostile_store(folder: Path) -> Path:
 # -- the escaping helpers ---------------------------------------------------------------------------
 
 
-def test_plotly_text_shows_tags_and_entities_literally() -> None:
-    label = '<b>x</b><a href="http://example.invalid">y</a> &amp; "q"'
-    assert plotly_text(label) == '&lt;b&gt;x&lt;/b&gt;&lt;a href="http://example.invalid"&gt;y&lt;/a&gt; &amp;amp; "q"'
-    assert plotly_text("a\nb\tc") == "a b c" and plotly_text(None) == "" and plotly_text(float("nan")) == ""
-    assert plotly_text("x" * 10, limit=4) == "xxx…"
-
-
 def test_every_chart_escapes_names_and_ids() -> None:
     nodes = [
         {"node_id": node_id("n1"), "kind": "think", "parent_id": None, "depth": 0, "status": "completed",
@@ -126,15 +120,6 @@ def test_every_chart_escapes_names_and_ids() -> None:
               "shadow": False, "arguments": HTML, "earlier_node_ids": json.dumps([node_id("n2")])}]  # fmt: skip
     import pandas as pd
 
-    figures = [tree_icicle(pd.DataFrame(nodes), pd.DataFrame(loops))]
-    for figure in figures:
-        for trace in figure.data:  # customdata is never shown (no hovertemplate reads it): the raw ids
-            trace.customdata = None
-        shown = json.dumps(figure.to_plotly_json(), ensure_ascii=False)
-        for tag in ("<b>", "<a ", "<img", "</a>"):
-            assert tag not in shown
-        assert "&lt;b&gt;b&lt;/b&gt;" in shown
-    assert node_id("n1") not in tree_icicle(pd.DataFrame(nodes), pd.DataFrame(loops)).data[0].ids
     # Vega-Lite draws text as text: the name as given (one line, cut), never a field, link or image
     rates = pd.DataFrame([{"tool": TOOL, "calls": 3, "pruned": 2, "pruned_prune": 2, "pruned_nudge": 0,
                            "pruned_cache": 0}])  # fmt: skip
@@ -147,14 +132,22 @@ def test_every_chart_escapes_names_and_ids() -> None:
     spans = pd.DataFrame([{"span_id": "s1", "parent_span_id": None, "name": TOOL, "node_id": node_id("n2"),
                            "kind": "tool", "start_ns": 0, "end_ns": 5, "status": HTML, "tool": TOOL}])  # fmt: skip
     timed = [{**loops[0], "time_ns": 2}]
-    for chart in (tree_chart(pd.DataFrame(nodes), pd.DataFrame(loops)), timeline_chart(spans, pd.DataFrame(timed))):
+    groups = pd.DataFrame([{"max_depth": 2, "max_breadth": 1, "runs": 3, "nodes": 4.0, "agent": TOOL, "example": HTML}])
+    drawn, caught = pd.DataFrame(nodes), pd.DataFrame(loops)
+    charts = (tree_chart(drawn, caught), tree_icicle(drawn, caught), timeline_chart(spans, pd.DataFrame(timed)),
+              shape_chart(groups, "agent"))  # fmt: skip
+    for chart in charts:
         spec = chart.to_dict()
         texts = [v for rows in spec["datasets"].values() for row in rows for v in row.values() if isinstance(v, str)]
         assert any("<b>b</b>" in v for v in texts) and not any(CONTROL.search(v) for v in texts)  # one line, as text
         outside = json.dumps({k: v for k, v in spec.items() if k != "datasets"}, ensure_ascii=False)
         assert "<b>" not in outside and HTML not in outside  # trace text only in the data, drawn as text
-        for layer in spec["layer"]:
+        for layer in spec.get("layer", [spec]):
             assert not {"href", "url", "image"} & set(layer["encoding"]), layer["encoding"]
+    what_if = pd.DataFrame([{"tool": TOOL, "limit": 1, "current_limit": 1, "saved": 1, "lost": 0, "unknown": 0,
+                             "branches_ended": 0}])  # fmt: skip
+    title = what_if_chart(what_if, TOOL).to_dict()["title"]["text"]  # the one chart that names trace text outside data
+    assert title == f"What if: limits for {chart_text(TOOL)}" and not CONTROL.search(title)
 
 
 def test_literal_markdown_escapes_every_construct() -> None:

@@ -225,7 +225,7 @@ def _cmd_mcp_proxy(args: argparse.Namespace) -> int:
 def _dashboard_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], str]:
     import dashboard
 
-    require_extra("treellm dashboard", "dashboard", "streamlit", "plotly", "igraph")
+    require_extra("treellm dashboard", "dashboard", "streamlit", "altair", "igraph")
 
     env = dict(os.environ)
     for setting in (settings.TREELLM_DASHBOARD_PARQUET, settings.TREELLM_DASHBOARD_DB):

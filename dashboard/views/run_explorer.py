@@ -110,22 +110,14 @@ with data.show_problems():
         node = st.selectbox("Node", node_ids, index=node_ids.index(selected) if selected in node_ids else 0,
                             key="node_pick", format_func=lambda n: f"{n} · {kinds[n]}")  # fmt: skip
         st.query_params["node"] = node
-    icicle = view == "icicle" or (large and view != "tree")
-
-    def show_tree() -> None:  # the icicle is plotly's (it drills down); the tree is Vega-Lite
-        if icicle:
-            st.plotly_chart(charts.tree_icicle(nodes, loops), width="stretch", key="tree")
-        else:
-            st.vega_lite_chart(
-                spec=charts.vega_spec(charts.tree_chart(nodes, loops, node)), width="stretch", key="tree"
-            )
-
+    tree = charts.tree_icicle(nodes, loops) if view == "icicle" or (large and view != "tree") else (
+        charts.tree_chart(nodes, loops, node))  # fmt: skip
     if view in ("tree", "icicle"):
-        show_tree()
+        st.vega_lite_chart(spec=charts.vega_spec(tree), width="stretch", key="tree")
     else:
         left, right = st.columns([2, 3])
         with left:
-            show_tree()
+            st.vega_lite_chart(spec=charts.vega_spec(tree), width="stretch", key="tree")
         with right:
             if view == "timeline":
                 st.vega_lite_chart(spec=charts.vega_spec(charts.timeline_chart(detail["spans"], loops)),

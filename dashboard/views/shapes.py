@@ -13,7 +13,7 @@ with data.show_problems():
     if groups.empty:
         st.info("No runs in this selection.")
         st.stop()
-    st.plotly_chart(charts.shape_scatter(groups, "agent"), width="stretch")
+    st.vega_lite_chart(spec=charts.vega_spec(charts.shape_chart(groups, "agent")), width="stretch")
     st.dataframe(data.query("shape_distribution", filters), hide_index=True, width="stretch")
     st.subheader("Side by side")
     by = st.radio("Compare", ["agent", "model", "day"], horizontal=True, key="compare_by")
@@ -29,4 +29,5 @@ with data.show_problems():
         with column:
             st.metric(f"{by}: {text.literal(value)}", f"{chosen.runs} runs")
             st.dataframe(chosen.summary, width="stretch")
-            st.plotly_chart(charts.shape_scatter(chosen.grouped, "outcome"), width="stretch", key=f"scatter-{side}")
+            st.vega_lite_chart(spec=charts.vega_spec(charts.shape_chart(chosen.grouped, "outcome")), width="stretch",
+                               key=f"scatter-{side}")  # fmt: skip

@@ -28,7 +28,7 @@ with data.show_problems():
     tools = list(tuning["tool"])
     tool = st.selectbox("Tool", tools, key="what_if_tool")
     table = data.query("what_if", filters, tool)
-    st.plotly_chart(charts.what_if_chart(table, tool), width="stretch")
+    st.vega_lite_chart(spec=charts.vega_spec(charts.what_if_chart(table, tool)), width="stretch")
     st.dataframe(table[table["tool"] == tool], hide_index=True, width="stretch")
     st.subheader("Rules that would let the limit see wasted repeats")
     st.caption("Programs whose effect is unknown restart every count. Each row is a read_only pattern for such "
