@@ -97,6 +97,17 @@ def test_charts_escape_markup_from_traces() -> None:
     assert {b["label"] for b in boxes} == {"think", "<b>x</b> #1.0", "✂ <b>x</b>"}  # text, never markup
 
 
+def test_the_icicle_draws_each_node_once_as_wide_as_its_leaves() -> None:
+    # items: 0 root, 1 and 2 under 0, 3 under 1; 4 and 5 a cycle; 6 its own parent; 7 a ghost under 0
+    boxes = {item: (depth, x, width) for item, depth, x, width in
+             charts._partition([None, 0, 0, 1, 5, 4, 6, 0], first_ghost=7)}  # fmt: skip
+    assert sorted(boxes) == list(range(8))  # every item once, the cycle's too
+    assert boxes[0] == (0, 0.0, 3.0) and boxes[1] == (1, 0.0, 1.0) and boxes[3] == (2, 0.0, 1.0)
+    assert boxes[2] == (1, 1.0, 1.0) and boxes[7] == (1, 2.0, 1.0)  # the ghost after the node's own children
+    assert boxes[6] == (0, 3.0, 1.0)  # its own parent: a root
+    assert {boxes[4][0], boxes[5][0]} == {0, 1} and boxes[4][1] == boxes[5][1] == 4.0  # the cycle cut once
+
+
 def _vega_rows(chart: object) -> list[dict[str, object]]:
     """The rows a Vega-Lite chart draws (its one dataset), as Streamlit sends them."""
     datasets = chart.to_dict()["datasets"]  # type: ignore[attr-defined]
