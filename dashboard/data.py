@@ -322,8 +322,12 @@ def _query(src: Source, stamp: ex.DataVersion, name: str, filters: Filters, extr
             return ex.run_list(con, filters, limit=RUN_CHOICES)
         if name == "run_table":
             return ex.run_table(con, filters, extra[0])
-        if name == "shapes":  # what the shapes page draws and compares, without each run's breadth per depth
-            return analysis.shape_by_run(con, filters, columns=SHAPE_PAGE_COLUMNS)
+        if name == "shape_groups":  # the scatter's bubbles: (by, among)
+            return analysis.shape_groups(con, filters, by=extra[0], among=extra[1])
+        if name == "shape_values":
+            return analysis.shape_values(con, filters, by=extra[0])
+        if name == "shape_distribution" and extra:  # (among)
+            return analysis.shape_distribution(con, filters, among=extra[0])
         if name == "actions":
             return ex.actions_by_tool(con, filters)
         if name in ("repeats", "near_repeats", "identical_repeats_and_rows", "near_repeats_and_pairs") and extra:
@@ -461,11 +465,6 @@ def node_facts(row: pd.Series) -> dict[str, str | None]:
     return facts
 
 
-SHAPE_MEASURES = ["nodes", "max_depth", "max_breadth", "branching_factor", "leaves", "pruned_calls"]
-SHAPE_PAGE_COLUMNS = ("run_id", "agent", "model", "day", "outcome", *SHAPE_MEASURES)
-"""What the shapes page reads of every run: not its breadth per depth (2.8 s of 10M spans' runs with it)."""
-
-
 @dataclasses.dataclass(frozen=True)
 class ShapeSide:
     """One side of the shapes page's comparison: its runs, the measures' mean, median and max,
@@ -476,57 +475,24 @@ class ShapeSide:
     grouped: pd.DataFrame
 
 
-def _compared(shapes: pd.DataFrame, by: str) -> pd.Series:
-    """The column ``by`` as the comparison's text (a day as its date)."""
-    column = shapes[by]
-    return column.astype(str) if by == "day" else column
-
-
-@st.cache_data(ttl=TTL_S, show_spinner=False)
-def _shape_groups(src: Source, stamp: ex.DataVersion, filters: Filters, by: str) -> pd.DataFrame:
-    return shapes_grouped(_query(src, stamp, "shapes", filters, ()), by)
-
-
-@st.cache_data(ttl=TTL_S, show_spinner=False)
-def _shape_values(src: Source, stamp: ex.DataVersion, filters: Filters, by: str) -> list[str]:
-    return sorted(_compared(_query(src, stamp, "shapes", filters, ()), by).dropna().astype(str).unique())
-
-
-@st.cache_data(ttl=TTL_S, show_spinner=False)
-def _shape_side(src: Source, stamp: ex.DataVersion, filters: Filters, by: str, value: str) -> ShapeSide:
-    shapes = _query(src, stamp, "shapes", filters, ())
-    group = shapes[_compared(shapes, by).astype(str) == value]
-    summary = group[SHAPE_MEASURES].describe().loc[["mean", "50%", "max"]].T
-    return ShapeSide(len(group), summary, shapes_grouped(group, "outcome"))
-
-
 def shape_groups(filters: Filters, by: str) -> pd.DataFrame:
-    """The runs' shapes as the scatter draws them, per ``by`` (cached: a page load never copies
-    every run's row out of the cache, 676,900 of them at 10M spans)."""
-    return _shape_groups(*_key(), filters, by)
+    """The runs' shapes as the scatter draws them, per ``by`` (counted by the store)."""
+    grouped: pd.DataFrame = query("shape_groups", filters, by, None)
+    return grouped
 
 
 def shape_values(filters: Filters, by: str) -> list[str]:
     """The values of ``by`` (agent, model, day) among the runs, as text, sorted."""
-    return _shape_values(*_key(), filters, by)
+    return list(query("shape_values", filters, by))
 
 
 def shape_side(filters: Filters, by: str, value: str) -> ShapeSide:
     """The runs whose ``by`` is ``value``, summarised for one side of the comparison."""
-    return _shape_side(*_key(), filters, by, value)
-
-
-def shapes_grouped(shapes: pd.DataFrame, by: str) -> pd.DataFrame:
-    """Runs counted per (max depth, max breadth, ``by``), with mean nodes: what the scatter draws."""
-    if shapes.empty:
-        return shapes
-    frame = shapes.assign(day=shapes["day"].astype(str))
-    frame[by] = frame[by].fillna("(none)").astype(str)
-    return (
-        frame.groupby(["max_depth", "max_breadth", by])
-        .agg(runs=("run_id", "size"), nodes=("nodes", "mean"), example=("run_id", "first"))
-        .reset_index()
-    )
+    among = (by, value)
+    dist = query("shape_distribution", filters, among)
+    summary = dist.set_index("measure")[["mean", "p50", "max"]].rename(columns={"p50": "median"})
+    runs = int(dist["runs"].iloc[0]) if not dist.empty else 0
+    return ShapeSide(runs, summary, query("shape_groups", filters, "outcome", among))
 
 
 def prepend(first: pd.DataFrame, rest: pd.DataFrame) -> pd.DataFrame:

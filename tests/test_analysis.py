@@ -28,10 +28,13 @@ from treellm.analysis import (
     report,
     shape_by_run,
     shape_distribution,
+    shape_groups,
+    shape_values,
     tuning_by_tool,
     what_if_by_tool_limit,
     wilson_interval,
 )
+from treellm.analysis.measures import SHAPE_GROUPS
 from treellm.signature import canonical_json, parse_arguments
 from treellm.simulate import PLANTED
 from treellm.store import export_parquet, ingest, open_parquet, open_store
@@ -144,6 +147,28 @@ def test_shapes_per_run_and_their_distribution(day: duckdb.DuckDBPyConnection) -
         expected = [values.mean(), values.quantile(0.5), values.quantile(0.9), values.max()]
         assert [row["mean"], row["p50"], row["p90"], row["max"]] == pytest.approx(expected, rel=1e-12)
     assert shape_distribution(day, Filters(service="no-such-service")).empty
+
+
+@pytest.mark.parametrize("by", SHAPE_GROUPS)
+def test_shapes_grouped_where_the_runs_are_are_those_of_every_runs_shape(day: duckdb.DuckDBPyConnection,
+                                                                         by: str) -> None:  # fmt: skip
+    shapes = shape_by_run(day).sort_values("start_ns", kind="stable")
+    shapes[by] = shapes[by].astype(str).where(shapes[by].notna(), "(none)")
+    counted = {"runs": ("run_id", "size"), "nodes": ("nodes", "mean"), "example": ("run_id", "first")}
+    expected = shapes.groupby(["max_depth", "max_breadth", by]).agg(**counted).reset_index()
+    grouped = shape_groups(day, by=by)
+    assert list(grouped.columns) == ["max_depth", "max_breadth", by, "runs", "nodes", "example"]
+    exact = ["max_depth", "max_breadth", by, "runs", "example"]
+    assert grouped[exact].values.tolist() == expected[exact].values.tolist()
+    assert grouped["nodes"].tolist() == pytest.approx(expected["nodes"].tolist())
+    values = shape_values(day, by=by)
+    assert values == sorted(v for v in shapes[by].unique() if v != "(none)") and len(values) >= 1
+    among = shapes[shapes[by] == values[0]]
+    dist = shape_distribution(day, among=(by, values[0])).set_index("measure")
+    assert dist["runs"].iloc[0] == len(among) and dist.loc["nodes", "mean"] == pytest.approx(among["nodes"].mean())
+    assert shape_groups(day, by="outcome", among=(by, values[0]))["runs"].sum() == len(among)
+    with pytest.raises(ValueError, match="no shape group service"):
+        shape_groups(day, by="service")
 
 
 def test_filters_select_runs_and_tools(day: duckdb.DuckDBPyConnection) -> None:

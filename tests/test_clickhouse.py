@@ -45,7 +45,7 @@ FOREIGN = [ROOT / "tests" / "data" / "external", ROOT / "tests" / "data" / "fram
 FRAMES = [
     "prune_rate_by_tool", "prune_rate_by_model", "repeat_outcome_by_tool", "repeat_samples", "repeats",
     "identical_repeats_by_tool", "near_repeats", "near_repeats_by_tool", "tuning_by_tool", "what_if_by_tool_limit",
-    "shape_by_run", "shape_distribution", "runs_by_day", "cost_by_tool",
+    "shape_by_run", "shape_distribution", "shape_groups", "runs_by_day", "cost_by_tool",
 ]  # fmt: skip
 
 
@@ -145,6 +145,13 @@ def test_filters_become_typed_parameters_with_the_same_answer(samples: tuple[Any
         assert A.totals(ch, f) == A.totals(duck, f)
         assert normalised(A.repeat_samples(ch, f)) == normalised(A.repeat_samples(duck, f))
         assert normalised(A.shape_by_run(ch, f)) == normalised(A.shape_by_run(duck, f))
+    for by in ("day", "outcome", "model"):  # each group's text, and the runs among one value, on both engines
+        values = A.shape_values(duck, by=by)
+        assert A.shape_values(ch, by=by) == values and values
+        among = (by, values[0])
+        assert normalised(A.shape_groups(ch, by="agent", among=among)) == normalised(
+            A.shape_groups(duck, by="agent", among=among))  # fmt: skip
+        assert normalised(A.shape_distribution(ch, among=among)) == normalised(A.shape_distribution(duck, among=among))
 
 
 def test_shapes_of_chosen_columns_are_those_columns_of_every_shape_in_order(

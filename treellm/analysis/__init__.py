@@ -21,6 +21,8 @@ from treellm.analysis.measures import (
     runs_by_day,
     shape_by_run,
     shape_distribution,
+    shape_groups,
+    shape_values,
     totals,
 )
 from treellm.analysis.near import (
@@ -61,6 +63,8 @@ __all__ = [
     "runs_by_day",
     "shape_by_run",
     "shape_distribution",
+    "shape_groups",
+    "shape_values",
     "totals",
     "tune",
     "tuning_by_tool",
