@@ -25,6 +25,7 @@ from treellm.analysis import (
     prune_rate_by_model,
     prune_rate_by_tool,
     repeat_outcome_by_tool,
+    repeat_samples,
     report,
     shape_by_run,
     shape_distribution,
@@ -130,6 +131,10 @@ def test_repeat_outcomes_split_productive_and_wasted_by_ordinal(day: duckdb.Duck
     assert fetch["failed"].sum() > 0 and fetch["productive"].sum() > 0  # retries after a 503
     cost = cost_by_tool(day).set_index("tool")
     assert cost.loc["grep", "wasted_repeats"] == grep["wasted"].sum() and cost.loc["grep", "wasted_seconds"] > 0
+    wasted = repeat_samples(day).query("outcome == 'wasted'").groupby("tool")  # counted in SQL: the samples' sums
+    assert cost["wasted_seconds"].to_dict() == pytest.approx((wasted["duration_ns"].sum() / 1e9).to_dict())
+    assert cost["wasted_tokens_est"].to_dict() == (wasted["result_chars"].sum() / 4).round().astype(int).to_dict()
+    assert list(cost["wasted_repeats"]) == sorted(cost["wasted_repeats"], reverse=True)
 
 
 def test_shapes_per_run_and_their_distribution(day: duckdb.DuckDBPyConnection) -> None:
