@@ -346,12 +346,7 @@ def query(name: str, filters: Filters, *extra: Any) -> Any:
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def _run(src: Source, stamp: ex.DataVersion, run_id: str) -> dict[str, pd.DataFrame]:
     with _connect(src) as con:
-        return {
-            "nodes": ex.run_nodes(con, run_id),
-            "loops": ex.run_loop_events(con, run_id),
-            "run": ex.run_row(con, run_id),
-            "spans": ex.run_spans(con, run_id),
-        }
+        return ex.run_detail(con, run_id)
 
 
 def run_detail(run_id: str) -> dict[str, pd.DataFrame]:

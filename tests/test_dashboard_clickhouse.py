@@ -133,6 +133,13 @@ def test_the_explorer_functions_give_the_same_frames_on_both_engines(stores: tup
             a, b = function(ch, "sample-nudge_and_cache"), function(duck, "sample-nudge_and_cache")
             assert list(a.columns) == list(b.columns)
             assert a.astype(str).values.tolist() == b.astype(str).values.tolist()
+        for engine in (ch, duck):  # one call, its trace found once: the functions' own frames
+            detail = explorer.run_detail(engine, "sample-nudge_and_cache")
+            for key, function in (("nodes", explorer.run_nodes), ("loops", explorer.run_loop_events),
+                                  ("spans", explorer.run_spans), ("run", explorer.run_row)):  # fmt: skip
+                alone = function(engine, "sample-nudge_and_cache")
+                assert detail[key].astype(str).values.tolist() == alone.astype(str).values.tolist() and len(alone)
+            assert all(frame.empty for frame in explorer.run_detail(engine, "no such run").values())
         a, b = explorer.actions_by_tool(ch), explorer.actions_by_tool(duck)
         assert a.astype(str).values.tolist() == b.astype(str).values.tolist()
         assert explorer.run_row(ch, "no such run").empty
