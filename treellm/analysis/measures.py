@@ -295,8 +295,9 @@ def shape_groups(
 def shape_values(con: StoreConnection, filters: Filters | None = None, *, by: str = "agent") -> list[str]:
     """The values of ``by`` among the filtered runs, as text (a day as its date), sorted."""
     key = _shape_text(con, by)
-    shapes, params = _shapes_among(con, filters, None)
-    frame = _df(con, f"SELECT DISTINCT {key} AS v FROM {shapes} WHERE {key} IS NOT NULL ORDER BY v", params)
+    run_where, params = (filters or Filters()).run_condition("r")  # a run's own column: no shape joined
+    runs = f"(SELECT r.* FROM runs r WHERE {run_where}) s"
+    frame = _df(con, f"SELECT DISTINCT {key} AS v FROM {runs} WHERE {key} IS NOT NULL ORDER BY v", params)
     return [str(v) for v in frame["v"]]
 
 
