@@ -102,9 +102,7 @@ def runs_over_time_chart(by_day: pd.DataFrame) -> alt.LayerChart | alt.Chart:
     names = [name for _, name in COUNT_SERIES]
     counts = frame.melt(id_vars=["day"], value_vars=names, var_name="series", value_name="count")
     palette = alt.Scale(domain=list(OVER_TIME_COLORS), range=list(OVER_TIME_COLORS.values()))
-    color = alt.Color(
-        "series:N", title=None, legend=alt.Legend(orient="bottom", columns=2, labelLimit=0), scale=palette
-    )
+    color = alt.Color("series:N", title=None, legend=alt.Legend(orient="bottom"), scale=palette)
     tooltip = [alt.Tooltip("day:T", timeUnit="utcyearmonthdate", title="day"), "series:N", "count:Q"]
     count_axis = alt.Y("count:Q", title="count", scale=alt.Scale(domainMin=0))
     if span_days <= BARS_WITHIN_DAYS:
