@@ -34,6 +34,8 @@ PUBLIC = {
         "runs_by_day",
         "shape_by_run",
         "shape_distribution",
+        "shape_groups",
+        "shape_values",
         "totals",
         "tune",
         "tuning_by_tool",
