@@ -265,6 +265,11 @@ def shape_chart(groups: pd.DataFrame, color: str = "agent") -> alt.Chart:
 # -- trees -------------------------------------------------------------------------------------------
 
 
+def _kind(value: Any, other: str) -> str:
+    """A node kind as the charts colour it: one of :data:`KIND_COLORS`, else ``other``."""
+    return str(value) if isinstance(value, str) and value in KIND_COLORS else other
+
+
 def _node_label(row: Any) -> str:
     """A node's label: its tool and ordinal, or its kind."""
     t = chart_text  # every value below comes from the trace
@@ -293,7 +298,7 @@ def tree_chart(nodes: pd.DataFrame, loops: pd.DataFrame, selected: str | None = 
     ys = [-pos[1] for pos in layout.coords]
     drawn: list[dict[str, Any]] = [{"part": "edge", "x": xs[a], "y": ys[a], "x2": xs[b], "y2": ys[b]} for a, b in edges]
     for i, row in enumerate(nodes.itertuples(index=False)):
-        kind = str(row.kind) if row.kind in KIND_COLORS else "other"
+        kind = _kind(row.kind, "other")
         drawn.append({
             "part": "node", "x": xs[i], "y": ys[i], "kind": kind, "label": _node_label(row),
             "line": STATUS_LINE.get(str(row.status), "#333333"), "size": 260 if row.node_id == selected else 130,
@@ -394,7 +399,7 @@ def tree_icicle(nodes: pd.DataFrame, loops: pd.DataFrame) -> alt.LayerChart | al
     for item, depth, x0, width in boxes:
         if item < len(rows):
             row = rows[item]
-            kind = str(row.kind) if row.kind in KIND_COLORS else "other"
+            kind = _kind(row.kind, "other")
             facts = {"kind": kind, "label": _node_label(row), **_tip(row)}
         else:
             ghost = ghosts[item - len(rows)]
@@ -518,7 +523,7 @@ def timeline_chart(spans: pd.DataFrame, loops: pd.DataFrame | None = None) -> al
     drawn: list[dict[str, Any]] = []
     for i, r in enumerate(rows):
         start, end = (int(r.start_ns) - origin) / 1e6, (max(int(r.end_ns), int(r.start_ns)) - origin) / 1e6
-        kind = r.kind if isinstance(r.kind, str) and r.kind in KIND_COLORS else "other span"
+        kind = _kind(r.kind, "other span")
         drawn.append({
             "part": "span", "row": i, "label": f"{i + 1} · {t(r.name, 48)}", "start": start, "end": end, "kind": kind,
             "failed": r.status == "failed", "span": t(r.name), "call": t(r.tool) if isinstance(r.tool, str) else "",

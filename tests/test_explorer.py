@@ -279,3 +279,18 @@ def test_array_attributes_read_alike_from_both_stores() -> None:
     assert attribute_text('["a"]') == '["a"]' and attribute_text("plain") == "plain"
     assert attribute_text('{"values": 3}') == '{"values": 3}' and attribute_text('{"values":[{"other":1}]}') == (
         '{"values":[{"other":1}]}')  # fmt: skip
+
+
+def test_a_runs_rows_are_read_from_every_trace_that_holds_it() -> None:
+    """Over ClickHouse a run's rows are read by its traces (the derived tables' key): all of them, so a
+    run id that two traces hold (ids reused across agents) loses neither trace's rows."""
+    from types import SimpleNamespace
+
+    from treellm.analysis.explorer import _in_run
+
+    clickhouse, duck = SimpleNamespace(dialect="clickhouse"), SimpleNamespace(dialect="duckdb")
+    sql, params = _in_run(clickhouse, "s", "r1", ("t1", "t2"))  # type: ignore[arg-type]
+    assert sql == "s.trace_id IN (?, ?) AND s.run_id = ?" and params == ["t1", "t2", "r1"]
+    sql, params = _in_run(clickhouse, "s", "r1")  # type: ignore[arg-type]
+    assert "SELECT r.trace_id FROM runs r WHERE r.run_id = ?" in sql and params == ["r1", "r1"]
+    assert _in_run(duck, "s", "r1", ("t1",)) == ("s.run_id = ?", ["r1"])  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -137,12 +137,13 @@ def run_detail(con: StoreConnection, run_id: str) -> dict[str, pd.DataFrame]:
     found once (each query finding it again cost 0.1 s of the 0.4-0.5 s of a run at 10M spans over
     chDB). Empty frames when the store has no such run."""
     row = run_row(con, run_id)
-    trace = str(row["trace_id"].iloc[0]) if not row.empty and "trace_id" in row.columns else None
+    traces = tuple(dict.fromkeys(str(t) for t in row["trace_id"])) if "trace_id" in row.columns else ()
+    found = traces or None  # a run id that two traces hold (ids reused across agents) reads both
     return {
         "run": row,
-        "nodes": run_nodes(con, run_id, trace_id=trace),
-        "loops": run_loop_events(con, run_id, trace_id=trace),
-        "spans": run_spans(con, run_id, trace_id=trace),
+        "nodes": run_nodes(con, run_id, trace_ids=found),
+        "loops": run_loop_events(con, run_id, trace_ids=found),
+        "spans": run_spans(con, run_id, trace_ids=found),
     }
 
 
@@ -172,14 +173,15 @@ _RUN_NODES_SQL_CLICKHOUSE = _RUN_NODES_SQL.replace(
 )
 
 
-def _in_run(c: Connection, alias: str, run_id: str, trace_id: str | None = None) -> tuple[str, list[Any]]:
+def _in_run(c: Connection, alias: str, run_id: str, trace_ids: Sequence[str] | None = None) -> tuple[str, list[Any]]:
     """The condition that a row (aliased ``alias``) belongs to the run, with its parameters. Over
-    ClickHouse it also names the run's trace (``trace_id`` when the caller knows it, else a lookup
-    in ``runs``), the key of every derived table (``ORDER BY (trace_id, ...)``), so a run's rows are
+    ClickHouse it also names the run's traces (``trace_ids`` when the caller knows them, else a
+    lookup in ``runs``), the key of every derived table (``ORDER BY (trace_id, ...)``), so a run's rows are
     read from its trace's granules, not from a scan of every trace; ``treellm derive`` derives a
     trace's runs from that trace alone, so a run there lies in one trace."""
-    if c.dialect == "clickhouse" and trace_id is not None:
-        return f"{alias}.trace_id = ? AND {alias}.run_id = ?", [trace_id, run_id]
+    if c.dialect == "clickhouse" and trace_ids:
+        marks = ", ".join("?" for _ in trace_ids)
+        return f"{alias}.trace_id IN ({marks}) AND {alias}.run_id = ?", [*trace_ids, run_id]
     if c.dialect == "clickhouse":
         return (
             f"{alias}.trace_id IN (SELECT r.trace_id FROM runs r WHERE r.run_id = ?) AND {alias}.run_id = ?",
@@ -188,13 +190,13 @@ def _in_run(c: Connection, alias: str, run_id: str, trace_id: str | None = None)
     return f"{alias}.run_id = ?", [run_id]
 
 
-def run_nodes(con: StoreConnection, run_id: str, *, trace_id: str | None = None) -> pd.DataFrame:
+def run_nodes(con: StoreConnection, run_id: str, *, trace_ids: Sequence[str] | None = None) -> pd.DataFrame:
     """One run's nodes in start order, with the captured content of their spans (arguments,
-    result, model text) and the span's name and token counts; ``trace_id``: the run's, when known."""
+    result, model text) and the span's name and token counts; ``trace_ids``: the run's, when known."""
     c = as_connection(con)
     sql = _RUN_NODES_SQL_CLICKHOUSE if c.dialect == "clickhouse" else _RUN_NODES_SQL
-    in_run_x, params_x = _in_run(c, "x", run_id, trace_id)
-    in_run_n, params_n = _in_run(c, "n", run_id, trace_id)
+    in_run_x, params_x = _in_run(c, "x", run_id, trace_ids)
+    in_run_n, params_n = _in_run(c, "n", run_id, trace_ids)
     return c.df(sql.format(in_run_x=in_run_x, in_run_n=in_run_n), [*params_x, *params_n])
 
 
@@ -223,12 +225,12 @@ def id_list_text(raw: object) -> str | None:
     return json.dumps([str(v) for v in value if v is not None], separators=(",", ":"), ensure_ascii=False)
 
 
-def run_loop_events(con: StoreConnection, run_id: str, *, trace_id: str | None = None) -> pd.DataFrame:
+def run_loop_events(con: StoreConnection, run_id: str, *, trace_ids: Sequence[str] | None = None) -> pd.DataFrame:
     """One run's caught calls (``loop:detected`` events) in time order; ``earlier_node_ids``
-    is a JSON list of node ids and ``shadow`` a bool on every engine; ``trace_id``: the run's, when known."""
+    is a JSON list of node ids and ``shadow`` a bool on every engine; ``trace_ids``: the run's, when known."""
     c = as_connection(con)
     quote = "`" if c.dialect == "clickhouse" else '"'
-    in_run, params = _in_run(c, "l", run_id, trace_id)
+    in_run, params = _in_run(c, "l", run_id, trace_ids)
     sql = _RUN_LOOPS_SQL.format(count=f"{quote}count{quote}", limit=f"{quote}limit{quote}", in_run=in_run)
     frame = c.df(sql, params)
     frame["earlier_node_ids"] = frame["earlier_node_ids"].map(id_list_text).astype(object)
@@ -365,12 +367,12 @@ ORDER BY s.start_ns, s.span_id
 """
 
 
-def run_spans(con: StoreConnection, run_id: str, *, trace_id: str | None = None) -> pd.DataFrame:
+def run_spans(con: StoreConnection, run_id: str, *, trace_ids: Sequence[str] | None = None) -> pd.DataFrame:
     """Every span of one run in start order, for a waterfall: ids, name, operation, node id
-    and kind (None: not a node), tool, start and end (ns) and ``ok``/``failed``; ``trace_id``: the
+    and kind (None: not a node), tool, start and end (ns) and ``ok``/``failed``; ``trace_ids``: the
     run's, when known."""
     c = as_connection(con)
-    in_run, params = _in_run(c, "s", run_id, trace_id)
+    in_run, params = _in_run(c, "s", run_id, trace_ids)
     return c.df(_RUN_SPANS_SQL.format(in_run=in_run), params)
 
 

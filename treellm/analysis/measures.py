@@ -192,8 +192,8 @@ def repeat_outcome_by_tool(con: StoreConnection, filters: Filters | None = None)
 def cost_by_tool(con: StoreConnection, filters: Filters | None = None) -> pd.DataFrame:
     """Time and (estimated) tokens spent in wasted repeats, per tool.
 
-    Tokens are estimated as captured result characters / 4 (what the model had to read);
-    ``None`` when content capture was off.
+    Tokens are estimated as captured result characters / 4 (what the model had to read): 0 when
+    content capture was off (no result captured).
     """
     where, params = (filters or Filters()).where("c")
     out = _df(
