@@ -247,6 +247,21 @@ def test_a_run_whose_calls_cannot_be_found_is_a_warning_naming_the_file_and_the_
     assert report.to_json()["warnings"] == [warning]
 
 
+def test_a_file_of_many_runs_without_calls_is_one_warning_counting_them_and_naming_the_first(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "runs.json"
+    runs = [RUN_WITH_CALLS] + [RUN_WITHOUT_CALLS] * 3 + [RUN_WITH_CALLS] + [RUN_WITHOUT_CALLS] * 10
+    path.write_text(json.dumps(runs), encoding="utf-8")
+    report = ingest(tmp_path / "t.duckdb", [path])
+    assert report.runs == 15
+    (warning,) = report.warnings
+    without = [i for i, run in enumerate(runs) if run is RUN_WITHOUT_CALLS]
+    assert len(without) == 13 and without[:10] == [1, 2, 3, 5, 6, 7, 8, 9, 10, 11]
+    assert warning.startswith(f"{path}: 13 runs with assistant turns but no tool call found (")
+    assert warning.endswith("): runs 1, 2, 3, 5, 6, 7, 8, 9, 10, 11 and 3 more; they are stored with no calls")
+
+
 def test_a_swe_agent_file_without_actions_is_a_warning(tmp_path: Path) -> None:
     path = tmp_path / "blank.traj"
     steps = [{"action": "", "observation": "", "thought": "hmm", "response": "hmm", "state": "{}"}] * 2

@@ -76,7 +76,7 @@ from treellm.derive.foreign import (
 from treellm.derive.foreign import finish_foreign as _finish_foreign
 from treellm.derive.foreign import place_foreign as _place_foreign
 from treellm.derive.foreign import read_foreign as _read_foreign
-from treellm.derive.formats import InputFormat, detect_format, iter_records
+from treellm.derive.formats import CallsNotFound, InputFormat, calls_not_found_warnings, detect_format, iter_records
 from treellm.derive.transform import (
     MACROS,
     READ_COLUMNS,
@@ -1100,6 +1100,7 @@ def _convert(
     Its own function, so that no record outlives the conversion while the store loads the file."""
     bad: list[BadRecord] = []
     warnings: list[str] = []
+    found: list[CallsNotFound] = []
     with target.open("wb") as out:
         for record in iter_records(source, fmt):
             if isinstance(record, IngestError):
@@ -1110,6 +1111,8 @@ def _convert(
                 for part in split_traces_data(record.traces_data):
                     out.write(json_line(part))
                 warnings.extend(f"{display}: {w}" for w in record.warnings)
+                found.extend(record.calls_not_found)
+    warnings.extend(f"{display}: {w}" for w in calls_not_found_warnings(found))
     return bad, warnings
 
 

@@ -46,7 +46,14 @@ from treellm.derive.formats import (
     swe_agent,
     trajectory,
 )
-from treellm.derive.formats._base import Format, InputFormat, JsonObject, Record
+from treellm.derive.formats._base import (
+    CallsNotFound,
+    Format,
+    InputFormat,
+    JsonObject,
+    Record,
+    calls_not_found_warnings,
+)
 from treellm.derive.formats._sniff import SNIFF_BYTES, NeedBytes, decide
 from treellm.derive.formats.otlp_proto import proto_to_traces_data
 from treellm.derive.formats.sdk_json import sdk_json_to_traces_data
@@ -55,10 +62,12 @@ from treellm.errors import IngestError
 
 __all__ = [
     "FORMATS",
+    "CallsNotFound",
     "NAMES",
     "Format",
     "InputFormat",
     "Record",
+    "calls_not_found_warnings",
     "detect_format",
     "iter_records",
     "iter_traces_data",

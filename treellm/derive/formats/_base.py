@@ -33,13 +33,54 @@ SCOPE_NAME = "treellm.derive.foreign"  # kept: it is stored on the spans of conv
 
 
 @dataclass(frozen=True, slots=True)
+class CallsNotFound:
+    """A run stored with assistant turns in which its reader found no tool call: the run's index in
+    its file, its assistant turns, and where the reader looked (one phrase per format)."""
+
+    run: int
+    turns: int
+    looked_for: str
+
+
+@dataclass(frozen=True, slots=True)
 class Record:
     """One good record of an input file: its 0-based index and its OTLP/JSON ``TracesData``;
-    ``warnings`` say what the reader stored but doubts (a run whose calls it could not find)."""
+    ``warnings`` say what the reader stored but doubts, and ``calls_not_found`` the runs whose
+    calls it could not find (the ingest says those once per file: :func:`calls_not_found_warnings`)."""
 
     index: int
     traces_data: JsonObject
     warnings: tuple[str, ...] = ()
+    calls_not_found: tuple[CallsNotFound, ...] = ()
+
+
+RUNS_NAMED = 10
+"""The runs a warning of :func:`calls_not_found_warnings` names; it counts the rest."""
+
+
+def calls_not_found_warnings(found: list[CallsNotFound]) -> list[str]:
+    """The warnings of a file's runs without a call found: one per place its readers looked. A run
+    alone is named with its turns; several are counted, the first :data:`RUNS_NAMED` named (a file of
+    200 chat-only runs says so in one line, not 200)."""
+    by_place: dict[str, list[CallsNotFound]] = {}
+    for run in found:
+        by_place.setdefault(run.looked_for, []).append(run)
+    warnings = []
+    for looked_for, runs in by_place.items():
+        if len(runs) == 1:
+            (run,) = runs
+            warnings.append(
+                f"run {run.run}: {run.turns} assistant turn(s) but no tool call found ({looked_for}); "
+                "the run is stored with no calls"
+            )
+            continue
+        named = ", ".join(str(run.run) for run in runs[:RUNS_NAMED])
+        more = f" and {len(runs) - RUNS_NAMED} more" if len(runs) > RUNS_NAMED else ""
+        warnings.append(
+            f"{len(runs)} runs with assistant turns but no tool call found ({looked_for}): "
+            f"runs {named}{more}; they are stored with no calls"
+        )
+    return warnings
 
 
 class Converter(Protocol):
@@ -113,18 +154,25 @@ def sequence(value: object, what: str) -> list[Any]:
 
 
 def checked(
-    index: int, doc: JsonObject, *, path: str, line: int | None = None, warnings: tuple[str, ...] = ()
+    index: int,
+    doc: JsonObject,
+    *,
+    path: str,
+    line: int | None = None,
+    warnings: tuple[str, ...] = (),
+    calls_not_found: tuple[CallsNotFound, ...] = (),
 ) -> Iterator[Record | IngestError]:
     """One record's ``TracesData`` through the one validator (:func:`treellm.otlp.normalize_traces_data`):
-    the record with its good spans (none when it has none) and ``warnings``, then an ``IngestError``
-    naming each rejected span and its field; a document of the wrong structure is one ``IngestError``."""
+    the record with its good spans (none when it has none), ``warnings`` and ``calls_not_found``, then
+    an ``IngestError`` naming each rejected span and its field; a document of the wrong structure is
+    one ``IngestError``."""
     try:
         normalized = normalize_traces_data(doc, max_reasons=None)
     except StructureError as exc:
         yield IngestError(str(exc), path=path, line=line, record=index)
         return
     if normalized.traces_data is not None:
-        yield Record(index, normalized.traces_data, warnings)
+        yield Record(index, normalized.traces_data, warnings, calls_not_found)
     for reason in normalized.reasons:
         yield IngestError(reason, path=path, line=line, record=index)
 

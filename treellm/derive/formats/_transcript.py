@@ -18,8 +18,9 @@ Hard rules:
 - A call without an id of its own gets ``call_<root span id>_<k>`` (``k``: its 0-based
   index among the run's calls) when the reader sets ``synthetic_call_ids``.
 - A run with assistant turns but no call is stored (its root and chat spans) and its record
-  carries a warning naming the run's index (:func:`no_calls_warning`): a reader that cannot
-  find a format's calls says so instead of storing a silent run with none.
+  names the run's index (:func:`calls_not_found`), which the ingest turns into a warning (one
+  for all such runs of a file): a reader that cannot find a format's calls says so instead of
+  storing a silent run with none.
 """
 
 from __future__ import annotations
@@ -30,7 +31,16 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from treellm.derive.formats._base import SCOPE_NAME, JsonObject, Malformed, Record, checked, mapping, sequence
+from treellm.derive.formats._base import (
+    SCOPE_NAME,
+    CallsNotFound,
+    JsonObject,
+    Malformed,
+    Record,
+    checked,
+    mapping,
+    sequence,
+)
 from treellm.errors import IngestError
 from treellm.otlp import key_values
 from treellm.telemetry import semconv as sc
@@ -92,19 +102,16 @@ def run_records(
 ) -> Iterator[Record | IngestError]:
     """The run's record (its trace through the one validator), warning when it has no call."""
     spans = run_spans(reading, index, digest=digest, agent=agent)
-    warnings = no_calls_warning(reading, index, looked_for=looked_for)
-    yield from checked(index, trajectory_document(spans, agent), path=path, warnings=warnings)
+    found = calls_not_found(reading, index, looked_for=looked_for)
+    yield from checked(index, trajectory_document(spans, agent), path=path, calls_not_found=found)
 
 
-def no_calls_warning(reading: RunReading, index: int, *, looked_for: str) -> tuple[str, ...]:
-    """One warning when the run has assistant turns but no tool call (``looked_for`` says
-    where the reader looked), else none."""
+def calls_not_found(reading: RunReading, index: int, *, looked_for: str) -> tuple[CallsNotFound, ...]:
+    """The run, when it has assistant turns but no tool call (``looked_for`` says where the reader
+    looked), else nothing."""
     if reading.calls or not reading.chats:
         return ()
-    return (
-        f"run {index}: {len(reading.chats)} assistant turn(s) but no tool call found "
-        f"({looked_for}); the run is stored with no calls",
-    )
+    return (CallsNotFound(index, len(reading.chats), looked_for),)
 
 
 def trajectory_document(spans: list[JsonObject], agent: str) -> JsonObject:
