@@ -13,7 +13,10 @@ line, each with its resource and scope. Measured in one run, on the same file:
 - the same ingest in process, split into the placement of other frameworks' spans
   (conventions; runs and trees) and the rest (stage, insert; the rest of it: pieces of the
   file, the SQL check, commit), each phase timed by wrapping its function;
-- the start-up of a command (interpreter and imports), the gap between the two ingests.
+- the start-up of a command (interpreter and imports), the gap between the two ingests;
+- the whole command with ``TREELLM_CAPTURE=full`` (no redaction), and that again with the
+  conventions answering nothing (patched: no span is placed in a run), which prices the
+  redaction and the whole placement (its statements, and what the insert carries for it).
 
 Run: [--repeat N] measures each N times in turn and reports the best of each (2 shared
 cores: one round's wall times move by 2x between runs).
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import subprocess
 import sys
@@ -142,10 +146,34 @@ def floor(path: Path, folder: Path) -> tuple[float, float]:
     return committed, time.perf_counter() - t0
 
 
-def whole_command(path: Path, folder: Path) -> tuple[float, float, dict[str, object]]:
-    """``treellm ingest`` as a subprocess; peak RSS from /proc (VmHWM starts afresh at exec)."""
+_UNPLACED = """
+import sys
+import treellm.derive.foreign as foreign
+import treellm.store.ingest  # the package's ``ingest`` is the function; the module is in sys.modules
+ingest = sys.modules["treellm.store.ingest"]
+
+def _no_answers(con, internal=None):
+    con.execute("CREATE OR REPLACE TEMP TABLE foreign_answers AS " + foreign._NO_ANSWERS)
+
+ingest._read_foreign = _no_answers
+from treellm.cli import main
+sys.exit(main())
+"""
+"""``treellm ingest`` with the conventions answering nothing, so the placement has no span to
+place (the spans land in no run): what the command costs without the placement, for its cost only."""
+
+
+def whole_command(
+    path: Path, folder: Path, *, full: bool = False, unplaced: bool = False
+) -> tuple[float, float, dict[str, object]]:
+    """``treellm ingest`` as a subprocess; peak RSS from /proc (VmHWM starts afresh at exec).
+    ``full``: ``TREELLM_CAPTURE=full`` (nothing redacted); ``unplaced``: :data:`_UNPLACED`."""
     db = folder / "store.duckdb"
-    child = run_with_peak([sys.executable, "-m", "treellm", "ingest", str(path), "--db", str(db), "--json"])
+    for stale in folder.glob("store.duckdb*"):
+        stale.unlink()
+    start = ["-c", _UNPLACED] if unplaced else ["-m", "treellm"]
+    env = {**os.environ, "TREELLM_CAPTURE": "full"} if full else None
+    child = run_with_peak([sys.executable, *start, "ingest", str(path), "--db", str(db), "--json"], env=env)
     elapsed, out, err = child.seconds, child.out, child.err
     if child.returncode != 0:
         raise RuntimeError(err)
@@ -224,13 +252,17 @@ def main() -> None:
                 stale.unlink()
             committed_s, floor_s = floor(data, folder)
             ingest_s, peak_mb, report = whole_command(data, folder)
+            full_s = whole_command(data, folder, full=True)[0]
+            core_s = whole_command(data, folder, full=True, unplaced=True)[0]
             inproc_s, phases = in_process(data, folder)
-            rounds.append((floor_s, ingest_s, peak_mb, inproc_s, phases, committed_s))
+            rounds.append((floor_s, ingest_s, peak_mb, inproc_s, phases, committed_s, full_s, core_s))
         floor_s = min(r[0] for r in rounds)
         committed_s = min(r[5] for r in rounds)
         ingest_s = min(r[1] for r in rounds)
         peak_mb = max(r[2] for r in rounds)
         inproc_s, phases = min(((r[3], r[4]) for r in rounds), key=lambda r: r[0])
+        full_s = min(r[6] for r in rounds)
+        core_s = min(r[7] for r in rounds)
         start_s = startup()
         spans = args.spans
 
@@ -246,6 +278,8 @@ def main() -> None:
         row("  the same until its commit, before its close (old floor)", committed_s)
         row("treellm ingest (whole command)", ingest_s)
         row("  start-up: interpreter and CLI imports (ingest --help)", start_s, rate=False)
+        row("  with TREELLM_CAPTURE=full (nothing redacted)", full_s)
+        row("    and nothing placed (patched, for the placement's cost)", core_s)
         row("  in-process ingest", inproc_s)
         placing = {k: v for k, v in phases.items() if k.startswith(("conventions", "trees"))}
         rest = {k: v for k, v in phases.items() if k not in placing}
