@@ -146,3 +146,49 @@ def test_ingest_of_a_folder_prints_the_files_of_other_types_it_skipped(tmp_path:
     ]
     as_json = subprocess.run([*command, "--json"], capture_output=True, text=True, check=True)
     assert json.loads(as_json.stdout)["skipped_files"] == [str(folder / "notes.md")]
+
+
+# -- a time window as people write it: a date, or an age ----------------------------------------------
+
+
+def test_a_window_bound_is_an_iso_moment_or_an_age_before_now() -> None:
+    import datetime as dt
+
+    from treellm.analysis.filters import moment
+
+    now = dt.datetime(2026, 12, 6, 12, 0, tzinfo=dt.UTC)
+    assert moment("7d", now) == dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
+    assert moment(" 12h ", now) == dt.datetime(2026, 12, 6, 0, 0, tzinfo=dt.UTC)
+    assert moment("2w", now) == moment("14d", now) == moment("336h", now)
+    assert moment("90s", now) == now - dt.timedelta(seconds=90) and moment("5m", now) == now - dt.timedelta(minutes=5)
+    assert moment("2026-11-30", now) == dt.datetime(2026, 11, 30)
+    assert moment("2026-11-30T08:15+02:00", now) == dt.datetime(2026, 11, 30, 6, 15, tzinfo=dt.UTC)
+    for bad in ("7x", "d7", "-7d", "1.5d", "", "yesterday"):
+        with pytest.raises(ValueError, match=r"an ISO date or time such as 2026-11-30.* or an age such as 7d"):
+            moment(bad, now)
+
+
+def test_report_since_and_until_take_an_age(tmp_path: Path) -> None:
+    db = tmp_path / "t.duckdb"
+    data = Path(__file__).parent.parent / "sample_traces" / "branch_local_loop.jsonl"
+    assert main(["ingest", str(data), "--db", str(db)]) == 0
+
+    def runs(*window: str) -> int:
+        shown = subprocess.run(
+            [sys.executable, "-m", "treellm", "report", "--db", str(db), "--format", "json", *window],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        return int(json.loads(shown.stdout)["runs"])
+
+    every = runs()
+    assert every > 0
+    # the sample's runs started in the past, and within ten thousand weeks of any clock this test meets
+    assert runs("--since", "10000w") == every and runs("--until", "0s") == every
+    assert runs("--since", "0s") == 0 and runs("--until", "10000w") == 0
+    failed = subprocess.run(
+        [sys.executable, "-m", "treellm", "report", "--db", str(db), "--since", "7x"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert failed.returncode != 0
+    assert failed.stderr.startswith("treellm: error: --since: expected an ISO date or time such as 2026-11-30")
+    assert "or an age such as 7d or 12h" in failed.stderr and "Traceback" not in failed.stderr

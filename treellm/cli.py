@@ -566,19 +566,20 @@ def _reader(args: argparse.Namespace) -> Any:
 def _filters(args: argparse.Namespace) -> Any:
     import datetime as dt
 
-    from treellm.analysis.filters import Filters
+    from treellm.analysis.filters import Filters, moment
 
-    def moment(text: str | None) -> dt.datetime | None:
+    now = dt.datetime.now(dt.UTC)
+
+    def bound(flag: str, text: str | None) -> dt.datetime | None:
         if text is None:
             return None
         try:
-            return dt.datetime.fromisoformat(text)
+            return moment(text, now)
         except ValueError as exc:
-            raise ConfigError(
-                f"expected an ISO date or time such as 2026-11-30 or 2026-11-30T12:00, got {text!r}"
-            ) from exc
+            raise ConfigError(f"{flag}: {exc}") from None
 
-    return Filters(moment(args.since), moment(args.until), args.service, args.agent, args.model, args.tool)
+    since, until = bound("--since", args.since), bound("--until", args.until)
+    return Filters(since, until, args.service, args.agent, args.model, args.tool)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -811,8 +812,10 @@ def _add_reader_options(parser: argparse.ArgumentParser) -> None:
         "--clickhouse-table", default="otel_traces", metavar="NAME", help="the spans table (default otel_traces)"
     )
     parser.add_argument("--clickhouse-database", metavar="NAME", help=_CLICKHOUSE_DATABASE_HELP)
-    parser.add_argument("--since", help="runs that started at or after this ISO date/time")
-    parser.add_argument("--until", help="runs that started before this ISO date/time")
+    parser.add_argument(
+        "--since", help="runs that started at or after this ISO date/time (naive: UTC), or this long ago: 7d, 12h"
+    )
+    parser.add_argument("--until", help="runs that started before this ISO date/time, or this long ago")
     parser.add_argument("--service", help="only this service")
     parser.add_argument("--agent", help="only this agent")
     parser.add_argument("--model", help="only this model")

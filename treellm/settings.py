@@ -17,6 +17,7 @@ or the benchmarks only; they are declared here so the README lists every variabl
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -46,6 +47,7 @@ __all__ = [
     "Kind",
     "Scope",
     "Setting",
+    "age",
     "get",
     "size_bytes",
 ]
@@ -161,6 +163,17 @@ def size_bytes(text: str) -> int:
     if found is None:
         raise ValueError(f"expected a size such as 1GB or 512MiB, got {text!r}")
     return int(float(found[1]) * (_UNITS[found[2].lower()] if found[2] else 1))
+
+
+_AGE = re.compile(r"\s*(\d+)\s*([smhdw])\s*")
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def age(text: str) -> dt.timedelta | None:
+    """An age such as ``30d``, ``12h`` or ``2w`` (a whole number and one of s, m, h, d, w) as a
+    timedelta; None when ``text`` is not one."""
+    found = _AGE.fullmatch(text)
+    return None if found is None else dt.timedelta(seconds=int(found[1]) * _AGE_UNITS[found[2]])
 
 
 def _list(setting: Setting[Any, Any], text: str) -> tuple[str, ...]:

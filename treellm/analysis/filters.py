@@ -10,7 +10,9 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Filters", "check_limit"]
+from treellm import settings
+
+__all__ = ["Filters", "check_limit", "moment"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,21 @@ class Filters:
             clauses.append(f"{alias}.{tool_column} = ?")
             params.append(self.tool)
         return (" AND ".join(clauses) or "TRUE"), params
+
+
+def moment(text: str, now: dt.datetime) -> dt.datetime:
+    """A bound of a time window as people write it: an ISO date or time (naive ones are UTC), or an
+    age such as ``7d``, ``12h`` or ``2w`` (:func:`treellm.settings.age`): that long before ``now``.
+    Raises ValueError naming both forms."""
+    if (ago := settings.age(text)) is not None:
+        return now - ago
+    try:
+        return dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(
+            f"expected an ISO date or time such as 2026-11-30 or 2026-11-30T12:00, or an age such as 7d or 12h "
+            f"(that long ago), got {text!r}"
+        ) from None
 
 
 def _ns(moment: dt.datetime) -> int:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 
+from treellm import settings
 from treellm.errors import ConfigError, StoreError
 from treellm.store.connection import open_store
 
@@ -55,16 +55,12 @@ def export_parquet(db: str | os.PathLike[str], folder: str | os.PathLike[str]) -
     return counts
 
 
-_AGE = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
 def parse_age(text: str) -> dt.timedelta:
-    """``30d``, ``12h``, ``2w``... as a timedelta."""
-    match = _AGE.match(text)
-    if match is None:
+    """``30d``, ``12h``, ``2w``... as a timedelta (:func:`treellm.settings.age`)."""
+    found = settings.age(text)
+    if found is None:
         raise ConfigError(f"--older-than: expected a number and a unit (s, m, h, d, w) such as 30d, got {text!r}")
-    return dt.timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)])
+    return found
 
 
 @dataclass(frozen=True, slots=True)
