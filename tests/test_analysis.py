@@ -69,7 +69,18 @@ def test_the_tuning_recovers_every_planted_verdict(day: duckdb.DuckDBPyConnectio
     assert tuning.loc["fetch_url", "recommended_max_repeats"] > 1
     assert tuning.loc["check_job_status", "recommended_max_repeats"] > 1
     assert tuning.loc["grep", "recommended_max_repeats"] == 1
-    assert "shadow mode" in tuning.loc["list_dir", "reason"]
+    # listed once per run: no call of it repeated, so there is nothing to collect more of
+    assert "no call of it repeated in the data" in tuning.loc["list_dir", "reason"]
+    assert "shadow mode" not in tuning.loc["list_dir", "reason"]
+
+
+def test_too_few_repeats_to_judge_is_advice_to_collect_more_in_shadow_mode(day: duckdb.DuckDBPyConnection) -> None:
+    tuning = tuning_by_tool(day, min_samples=1000).set_index("tool")
+    row = tuning.loc["read_file"]  # 12 repeats ran, 40 were pruned
+    assert row["verdict"] == "insufficient_data" and row["samples"] == 12
+    assert "only 12 executed repeat(s) with a known outcome (need 1000); 40 repeat(s) were pruned" in row["reason"]
+    assert "shadow mode" in row["reason"]
+    assert "no call of it repeated" in tuning.loc["list_dir", "reason"]
 
 
 def test_each_raise_quotes_the_first_productive_repeats_its_limit_prunes(day: duckdb.DuckDBPyConnection) -> None:

@@ -327,6 +327,7 @@ def tuning_by_tool(
             current=current,
             recommended=recommended,
             pruned=pruned_here,
+            unknown=unknown,
             min_samples=min_samples,
             min_productive=min_productive,
             tolerance=tolerance,
@@ -396,10 +397,13 @@ def _verdict(
     current: int,
     recommended: int,
     pruned: int,
+    unknown: int,
     min_samples: int,
     min_productive: int,
     tolerance: float,
 ) -> tuple[str, str, str | None]:
+    if n == pruned == unknown == 0:
+        return "insufficient_data", "no call of it repeated in the data: no repeat to judge, the limit stays", None
     if n < min_samples:
         advice = (
             f"only {n} executed repeat(s) with a known outcome (need {min_samples}); {pruned} repeat(s) were pruned "
