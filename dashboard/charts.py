@@ -89,6 +89,12 @@ OVER_TIME_COLORS = {"runs": "#4C78A8", "tool calls": "#9ECAE9", "pruned": "#E457
                     "prune rate": "#54A24B"}  # fmt: skip
 
 
+DAY_TICKS = {"interval": "day", "step": 1}
+"""The bars' date axis ticks whole days only: within one day, Vega's ticks fell on hours, each
+labelled with the same date (a file of trajectories, all on their synthetic day, showed "Jan 01"
+twice)."""
+
+
 def runs_over_time_chart(by_day: pd.DataFrame) -> alt.LayerChart | alt.Chart:
     """Runs, tool calls, pruned calls and wasted repeats per day, with the prune rate on its own
     axis (right): days on a UTC date axis (gaps show as gaps), counts and the rate never drawn
@@ -105,9 +111,11 @@ def runs_over_time_chart(by_day: pd.DataFrame) -> alt.LayerChart | alt.Chart:
     color = alt.Color("series:N", title=None, legend=alt.Legend(orient="bottom"), scale=palette)
     tooltip = [alt.Tooltip("day:T", timeUnit="utcyearmonthdate", title="day"), "series:N", "count:Q"]
     count_axis = alt.Y("count:Q", title="count", scale=alt.Scale(domainMin=0))
-    if span_days <= BARS_WITHIN_DAYS:
+    bars = span_days <= BARS_WITHIN_DAYS
+    if bars:
         drawn = alt.Chart(counts).mark_bar().encode(
-            x=alt.X("day:T", timeUnit="utcyearmonthdate", title=None, axis=alt.Axis(format="%b %d")),
+            x=alt.X("day:T", timeUnit="utcyearmonthdate", title=None,
+                    axis=alt.Axis(format="%b %d", tickCount=DAY_TICKS)),
             xOffset=alt.XOffset("series:N", sort=names), y=count_axis, color=color, tooltip=tooltip,
         )  # fmt: skip
     else:
@@ -120,9 +128,10 @@ def runs_over_time_chart(by_day: pd.DataFrame) -> alt.LayerChart | alt.Chart:
         )
     top = max(float(frame["prune_rate"].max()), 0.01)
     rate = alt.Chart(frame).mark_line(point=True, strokeDash=[4, 3]).encode(
-        x=alt.X("day:T", timeUnit="utcyearmonthdate", title=None),
+        # beside bars, each day's rate sits mid-day, over its bars, not at the day's first instant
+        x=alt.X("day:T", timeUnit="utcyearmonthdate", title=None, bandPosition=0.5 if bars else 0),
         y=alt.Y("prune_rate:Q", title="prune rate", scale=alt.Scale(domain=[0, min(1.0, top) * 1.1]),
-                axis=alt.Axis(format=".0%", orient="right")),
+                axis=alt.Axis(format=".1~%", orient="right")),
         color=alt.datum("prune rate"),
         tooltip=[alt.Tooltip("day:T", timeUnit="utcyearmonthdate", title="day"),
                  alt.Tooltip("prune_rate:Q", format=".1%", title="prune rate")],

@@ -506,3 +506,10 @@ def with_links(frame: pd.DataFrame) -> pd.DataFrame:
 
     links = [f"run?{urlencode({'run': r, 'node': n})}" for r, n in zip(frame["run_id"], frame["node_id"], strict=True)]
     return frame.assign(link=links)[["link", *frame.columns]]
+
+
+def limits_shown(tuning: pd.DataFrame) -> pd.DataFrame:
+    """A tuning's table as shown: the limit the agent ran under as text, ``none`` where it never ran
+    with one (as ``treellm tune`` prints it; an empty number cell read as a missing value)."""
+    current = [str(int(v)) if pd.notna(v) else "none" for v in tuning["current_max_repeats"]]
+    return tuning.assign(current_max_repeats=current)

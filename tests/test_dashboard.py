@@ -206,6 +206,19 @@ def test_the_time_axis_holds_dates_and_the_prune_rate_never_reads_below_zero() -
     assert {(r["day"], r["series"]): r["count"] for r in rows}[("2026-01-05", "wasted")] == 1
     years = charts.runs_over_time_chart(by_day.assign(day=pd.to_datetime(["2024-01-01", "2026-11-30"])))
     assert years.to_dict()["layer"][0]["mark"]["type"] == "line"  # a day's bar would be a hairline over two years
+    assert years.to_dict()["layer"][1]["encoding"]["x"].get("bandPosition", 0) == 0  # beside lines: at the day
+
+
+def test_one_day_of_runs_has_one_date_on_its_axis_and_its_rate_over_its_bars() -> None:
+    # trajectories' synthetic times put a whole file on one day: Vega's own ticks fell on its hours,
+    # each labelled with the same date, and the rate's axis showed 0% and 1% three times each
+    by_day = pd.DataFrame({"day": [pd.Timestamp("2024-01-01").date()], "runs": [262], "tool_calls": [3906],
+                           "pruned": [0], "wasted": [36], "prune_rate": [0.0]})  # fmt: skip
+    counts, rate = charts.runs_over_time_chart(by_day).to_dict()["layer"]
+    assert counts["mark"]["type"] == "bar"
+    assert counts["encoding"]["x"]["axis"]["tickCount"] == {"interval": "day", "step": 1}
+    assert rate["encoding"]["x"]["bandPosition"] == 0.5
+    assert rate["encoding"]["y"]["axis"]["format"] == ".1~%"  # 0.2%, 0.4%...: ticks below 1% read apart
 
 
 def _spans() -> pd.DataFrame:
@@ -385,6 +398,14 @@ def test_tools_and_tuning_pages(sample_store: Path, monkeypatch: pytest.MonkeyPa
     table = tuning.dataframe[0].value.set_index("tool")
     assert table.loc["fetch_url", "verdict"] == "raise" and table.loc["grep", "verdict"] == "lower"
     assert tuning.selectbox(key="what_if_tool").value == table.index[0]
+    # the limit each tool ran under, "none" where the agent never ran with one (as `treellm tune` says)
+    con = open_store(sample_store, read_only=True)
+    limits = A.tuning_by_tool(con).set_index("tool")["current_max_repeats"]
+    con.close()
+    assert limits.isna().any() and limits.notna().any()
+    assert table["current_max_repeats"].to_dict() == {t: "none" if pd.isna(v) else str(v) for t, v in limits.items()}
+    overview = page("overview", sample_store, monkeypatch).dataframe[0].value.set_index("tool")
+    assert overview["current_max_repeats"].to_dict() == table["current_max_repeats"].to_dict()
 
 
 def test_the_tables_of_calls_show_their_first_rows_and_say_of_how_many(

@@ -38,6 +38,8 @@ with data.show_problems():
             st.info("No tool calls to judge.")
         else:
             st.dataframe(
-                tuning[["tool", "verdict", "current_max_repeats", "recommended_max_repeats", "samples"]],
+                data.limits_shown(tuning)[
+                    ["tool", "verdict", "current_max_repeats", "recommended_max_repeats", "samples"]
+                ],
                 hide_index=True, width="stretch",
             )  # fmt: skip

@@ -18,8 +18,9 @@ with data.show_problems():
         st.info("No tool calls in this selection.")
         st.stop()
     st.dataframe(
-        tuning[["tool", "verdict", "current_max_repeats", "recommended_max_repeats", "samples", "productive_rate",
-                "productive_rate_low", "productive_rate_high", "calls_saved", "tokens_saved_est", "reason"]],
+        data.limits_shown(tuning)[["tool", "verdict", "current_max_repeats", "recommended_max_repeats", "samples",
+                                   "productive_rate", "productive_rate_low", "productive_rate_high", "calls_saved",
+                                   "tokens_saved_est", "reason"]],
         hide_index=True, width="stretch",
         column_config={c: st.column_config.NumberColumn(format="percent")
                        for c in ("productive_rate", "productive_rate_low", "productive_rate_high")},
