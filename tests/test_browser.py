@@ -351,7 +351,7 @@ def test_the_run_explorer_finds_sorts_and_opens_a_run_in_a_real_browser(
             page.get_by_text("Node details").first.wait_for(timeout=60_000)
             _settled(page)
             assert page.locator("[data-testid=stAppDeployButton]").count() == 0  # the viewer's toolbar
-            search = page.get_by_label("Search tool arguments and results")
+            search = page.get_by_role("textbox", name="Search runs")
             search.fill("refund")
             search.press("Enter")
             page.get_by_text(f"{len(expected)} runs match", exact=False).first.wait_for(timeout=60_000)

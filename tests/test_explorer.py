@@ -159,6 +159,25 @@ def test_the_run_list_finds_runs_by_text_in_arguments_and_results(samples: Path)
         con.close()
 
 
+def test_the_run_list_finds_a_run_by_its_id_its_trace_and_its_file(samples: Path) -> None:
+    con = open_store(samples, read_only=True)
+    try:
+        runs = con.execute("SELECT run_id, trace_id, source FROM runs ORDER BY run_id").df()
+        every = set(runs["run_id"])
+        run_id, trace_id = runs["run_id"].iloc[0], runs["trace_id"].iloc[-1]
+        by_id = run_table(con, query=RunQuery(text=run_id.upper(), limit=10_000))  # case-insensitive
+        assert run_id in set(by_id["run_id"]) and len(by_id) < len(every)
+        by_trace = run_table(con, query=RunQuery(text=trace_id[4:20], limit=10_000))
+        assert set(runs.loc[runs["trace_id"] == trace_id, "run_id"]) <= set(by_trace["run_id"])
+        files = runs.dropna(subset=["source"])
+        name = Path(files["source"].iloc[0]).name  # a file name, as people remember it
+        by_file = run_table(con, query=RunQuery(text=name, limit=10_000))
+        assert set(by_file["run_id"]) == set(files.loc[files["source"].str.contains(name, regex=False), "run_id"])
+        assert 0 < len(by_file) < len(every)
+    finally:
+        con.close()
+
+
 def test_the_run_list_filters_by_outcome_tool_and_the_shared_filters(samples: Path) -> None:
     con = open_store(samples, read_only=True)
     try:

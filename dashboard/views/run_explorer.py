@@ -50,8 +50,11 @@ with data.show_problems():
     filters = data.sidebar_filters()
     params = st.query_params
     top = st.columns([3, 1, 1])
-    search = top[0].text_input("Search tool arguments and results", value=params.get("q", ""), key="run_search",
-                               placeholder="text in a call's arguments or result")  # fmt: skip
+    search = top[0].text_input("Search runs", value=params.get("q", ""), key="run_search",
+                               placeholder="text in a call's arguments or result, a run or trace id, a file name",
+                               help="Case-insensitive, as written (no wildcards): a tool call's captured arguments "
+                                    "or result, a caught call's arguments, the run's id or trace id, or the file "
+                                    "the run was ingested from.")  # fmt: skip
     outcome = top[1].selectbox("Outcome", [ANY, *data.outcome_choices()], key="run_outcome")
     sorts = list(data.SORTS)
     wanted_sort = params.get("sort")

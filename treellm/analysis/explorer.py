@@ -271,8 +271,9 @@ RUN_TABLE_COLUMNS = (
 @dataclass(frozen=True, slots=True)
 class RunQuery:
     """Which runs the run list shows and in what order, beyond the shared :class:`Filters`:
-    ``text`` found (case-insensitive, as a plain substring) in a tool call's captured
-    arguments or result or a caught call's arguments; an ``outcome``; the sort key and
+    ``text`` found (case-insensitive, as a plain substring) in the run's id, its trace id or the
+    file it was ingested from, in a tool call's captured arguments or result or in a caught
+    call's arguments; an ``outcome``; the sort key and
     direction; and at most ``limit`` rows. Invalid values raise ``ValueError``."""
 
     text: str | None = None
@@ -308,13 +309,16 @@ ORDER BY {sort} {direction} NULLS LAST, r.run_id
 LIMIT {limit}
 """
 
-# The text search, a semi-join on the spans (tool calls) and on the caught calls. DuckDB's
-# LIKE has no escape character unless it is named; ClickHouse's is the backslash, always.
-_TEXT_MATCH = """r.run_id IN (
+# The text search: the run's own ids and the file it came from, then a semi-join on the spans
+# (tool calls) and on the caught calls. DuckDB's LIKE has no escape character unless it is named;
+# ClickHouse's is the backslash, always.
+_TEXT_MATCH = """(r.run_id ILIKE ?{escape} OR r.trace_id ILIKE ?{escape} OR r.source ILIKE ?{escape} OR r.run_id IN (
     SELECT s.run_id FROM spans s
     WHERE s.run_id IS NOT NULL AND s.tool_name IS NOT NULL AND (s.arguments ILIKE ?{escape} OR s.result ILIKE ?{escape})
     UNION ALL
-    SELECT l.run_id FROM loop_events l WHERE l.arguments ILIKE ?{escape})"""
+    SELECT l.run_id FROM loop_events l WHERE l.arguments ILIKE ?{escape}))"""
+_TEXT_PLACES = 6
+"""The ``?`` of :data:`_TEXT_MATCH`: each is the search's pattern."""
 
 
 def run_table(con: StoreConnection, filters: Filters | None = None, query: RunQuery | None = None) -> pd.DataFrame:
@@ -337,7 +341,7 @@ def run_table(con: StoreConnection, filters: Filters | None = None, query: RunQu
         params.append(q.outcome)
     if q.text:
         clauses.append(_TEXT_MATCH.format(escape="" if clickhouse else " ESCAPE '\\'"))
-        params += [like_pattern(q.text)] * 3
+        params += [like_pattern(q.text)] * _TEXT_PLACES
     sql = _RUN_TABLE_SQL.format(
         repeats=REPEATS_SQL.format(where=repeat_where), where=" AND ".join(clauses), sort=_SORT_COLUMNS[q.sort],
         direction="DESC" if q.descending else "ASC", limit=int(q.limit),
