@@ -11,8 +11,8 @@ always shown as text, never as Markdown or HTML:
   labels and help, and the options of ``st.radio``, ``st.pills`` and ``st.segmented_control``;
 - never with ``unsafe_allow_html``, ``st.html`` or ``st.markdown``.
 
-Plotly figures have their own rule (``dashboard.charts``: ``<``, ``>`` and ``&`` escaped); Vega-Lite
-charts draw text as text and get it through :func:`plain` (``dashboard.charts.chart_text``).
+Charts are Vega-Lite, which draws text as text: they get it through :func:`plain`
+(``dashboard.charts.chart_text``: one line, cut), nothing escaped.
 """
 
 from __future__ import annotations
