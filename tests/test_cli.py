@@ -133,6 +133,24 @@ def test_report_on_a_narrow_terminal_prints_whole_tool_names(tmp_path: Path) -> 
     assert "…" not in shown.stdout and max(len(line) for line in shown.stdout.splitlines()) <= 80
 
 
+def test_report_into_a_pipe_is_one_row_a_tool_at_any_width(tmp_path: Path) -> None:
+    db = tmp_path / "t.duckdb"
+    data = Path(__file__).parent.parent / "sample_traces" / "production_day.jsonl"
+    subprocess.run([sys.executable, "-m", "treellm", "ingest", str(data), "--db", str(db)], check=True,
+                   capture_output=True)  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    piped = subprocess.run([sys.executable, "-m", "treellm", "report", "--db", str(db)],
+                           capture_output=True, text=True, check=True, env=env)  # fmt: skip
+    shown = subprocess.run([sys.executable, "-m", "treellm", "report", "--db", str(db), "--format", "json"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    table = json.loads(shown.stdout)
+    lines = piped.stdout.splitlines()
+    assert any(line.split()[:4] == ["tool", "calls", "pruned", "prune"] for line in lines)  # the whole headers
+    for item in table["tools"]:  # a tool's row holds its name and its numbers, as `grep TOOL` would find it
+        (row,) = [line for line in lines if line.split()[:1] == [item["tool"]]]
+        assert row.split()[1:3] == [str(item["calls"]), str(item["pruned"])]
+
+
 def test_ingest_of_a_folder_prints_the_files_of_other_types_it_skipped(tmp_path: Path) -> None:
     folder = tmp_path / "traces"
     (folder / ".git").mkdir(parents=True)

@@ -692,10 +692,19 @@ def _content_notes(data: dict[str, Any]) -> list[str]:
     return [head, *lines, *tail]
 
 
+PIPE_WIDTH = 1_000_000
+"""The width a report is laid out for when its output is no terminal and ``COLUMNS`` says none:
+the table whole, one line a tool, so a file or a ``grep`` gets rows (Rich would assume 80
+columns and fold each tool into a block of wrapped numbers)."""
+
+
 def _print_report(data: dict[str, Any]) -> None:
+    from rich.console import Console
     from rich.text import Text
 
     console = _console(stderr=False)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console = Console(width=PIPE_WIDTH)
     console.print(_report_renderable(data, console.width))
     for line in _content_notes(data):
         console.print(Text(line))
