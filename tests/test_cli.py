@@ -136,9 +136,12 @@ def test_report_on_a_narrow_terminal_prints_whole_tool_names(tmp_path: Path) -> 
 def test_report_into_a_pipe_is_one_row_a_tool_at_any_width(tmp_path: Path) -> None:
     db = tmp_path / "t.duckdb"
     data = Path(__file__).parent.parent / "sample_traces" / "production_day.jsonl"
-    subprocess.run([sys.executable, "-m", "treellm", "ingest", str(data), "--db", str(db)], check=True,
-                   capture_output=True)  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    ingested = subprocess.run([sys.executable, "-m", "treellm", "ingest", str(data), "--db", str(db)], check=True,
+                              capture_output=True, text=True, env=env)  # fmt: skip
+    counts, places = ingested.stdout.splitlines()  # each summary line whole, none broken at 80 columns
+    assert counts.startswith("1 file(s) into ") and counts.endswith(" torn line(s) skipped")
+    assert places.startswith("spans: ") and places.endswith(" caught call(s)")
     piped = subprocess.run([sys.executable, "-m", "treellm", "report", "--db", str(db)],
                            capture_output=True, text=True, check=True, env=env)  # fmt: skip
     shown = subprocess.run([sys.executable, "-m", "treellm", "report", "--db", str(db), "--format", "json"],

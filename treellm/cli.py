@@ -45,10 +45,20 @@ def _plain(line: str) -> str:
     return terminal_text(line).plain
 
 
+PIPE_WIDTH = 1_000_000
+"""The width text is laid out for when its output is no terminal and ``COLUMNS`` says none: a
+report's table whole, one line a tool, and each summary line whole, so a file or a ``grep`` gets
+rows (Rich would assume 80 columns, fold the report's tools into blocks of wrapped numbers and
+break the summary's lines)."""
+
+
 def _console(stderr: bool = True) -> Any:
     from rich.console import Console
 
-    return Console(stderr=stderr)
+    console = Console(stderr=stderr)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        return Console(stderr=stderr, width=PIPE_WIDTH)
+    return console
 
 
 def _finite(value: Any) -> Any:
@@ -692,19 +702,10 @@ def _content_notes(data: dict[str, Any]) -> list[str]:
     return [head, *lines, *tail]
 
 
-PIPE_WIDTH = 1_000_000
-"""The width a report is laid out for when its output is no terminal and ``COLUMNS`` says none:
-the table whole, one line a tool, so a file or a ``grep`` gets rows (Rich would assume 80
-columns and fold each tool into a block of wrapped numbers)."""
-
-
 def _print_report(data: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.text import Text
 
     console = _console(stderr=False)
-    if not console.is_terminal and not os.environ.get("COLUMNS"):
-        console = Console(width=PIPE_WIDTH)
     console.print(_report_renderable(data, console.width))
     for line in _content_notes(data):
         console.print(Text(line))
