@@ -509,3 +509,33 @@ def test_read_only_programs_leave_the_other_parts_writes() -> None:
     # a writer whose targets cannot be named in the same command still writes anything
     assert call_targets(rule, "bash", {"command": "git stash && python test_x.py"}).writes is None
     assert call_targets(rule, "bash", {"command": "python fix.py && python test_x.py"}).writes is None
+
+
+PATCH = "--- a/src/pkg/core.py\n+++ b/src/pkg/core.py\n@@ -1 +1 @@\n-a = 1\n+a = 2\n"
+
+
+@pytest.mark.parametrize(
+    ("command", "writes"),
+    [
+        # a patch file written from a heredoc, then applied, in one command: the patch names what it writes
+        (f"cat > fix.patch << 'EOF'\n{PATCH}EOF\n\npatch -p1 < fix.patch", {"fix.patch", "src/pkg/core.py"}),
+        (f"cat > fix.patch <<EOF\n{PATCH}EOF\ngit apply fix.patch", {"fix.patch", "src/pkg/core.py"}),
+        (f"tee fix.patch << 'EOF' > /dev/null\n{PATCH}EOF\npatch -p1 < fix.patch", {"fix.patch", "src/pkg/core.py"}),
+        (f"patch -p1 << 'EOF'\n{PATCH}EOF", {"src/pkg/core.py"}),  # fed the heredoc itself, as before
+        # a patch file this command did not write, or filled by anything but a heredoc: unknown
+        ("patch -p1 < fix.patch", None),
+        ("git apply fix.patch", None),
+        (f"cat > fix.patch << 'EOF'\n{PATCH}EOF\npatch -p1 < other.patch", None),
+        (f"cat >> fix.patch << 'EOF'\n{PATCH}EOF\npatch -p1 < fix.patch", None),  # appended: more than the heredoc
+        (f"cat > $P << 'EOF'\n{PATCH}EOF\npatch -p1 < $P", None),
+        (f"cat part.patch > fix.patch << 'EOF'\n{PATCH}EOF\npatch -p1 < fix.patch", None),  # cat of a file, not stdin
+    ],
+)
+def test_a_patch_applied_from_a_file_the_same_command_wrote_writes_what_it_names(
+    command: str, writes: set[str] | None
+) -> None:
+    from treellm.shell import command_targets
+
+    found = command_targets(command)
+    assert found.effect == "write"
+    assert (None if found.writes_unknown else set(found.known_writes)) == writes

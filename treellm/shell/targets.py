@@ -15,7 +15,9 @@ Contract:
 - Known targets: redirections (``> f``, ``>> f``, ``< f``) and heredocs into files;
   ``sed -i``, ``cp``, ``mv``, ``rm``, ``tee``, ``touch``, ``mkdir``, ``ln``, ``dd of=``,
   ``sort -o``; ``git checkout/restore [--] PATHS``; ``patch``/``git apply`` fed a
-  patch text in a heredoc (the ``+++`` lines name the files); the files of ``cat``,
+  patch text in a heredoc, or a patch file that the same command wrote from one before
+  (``cat > fix.patch << 'EOF' ... EOF`` then ``patch -p1 < fix.patch``): the ``+++`` lines
+  name the files; the files of ``cat``,
   ``sed -n``, ``head``, ``tail``, ``grep``, ``nl``, ``wc``, ``diff``, ``awk``, ``find``,
   ``ls``... A recursive search with no path reads ``.``. SWE-agent's file commands
   (``open``, ``create``, ``str_replace_editor``) are read like programs.
@@ -36,7 +38,7 @@ from __future__ import annotations
 import functools
 import posixpath
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -279,7 +281,7 @@ def _patch_targets(body: str | None) -> list[str] | None:
     return found or None
 
 
-def _git(args: Sequence[str], node: Node) -> _Found:
+def _git(args: Sequence[str], node: Node, fed: _Fed) -> _Found:
     i = 0
     while i < len(args) and args[i].startswith("-"):
         i += 2 if args[i] in {"-C", "-c", "--git-dir", "--work-tree"} else 1
@@ -297,7 +299,8 @@ def _git(args: Sequence[str], node: Node) -> _Found:
     if sub == "apply":
         if any(a in {"--check", "--stat", "--numstat", "--summary"} for a in rest):
             return None, _NOTHING_SEQ
-        return None, _patch_targets(_heredoc_body(node))
+        operands = [a for a in rest if not a.startswith("-")]
+        return None, _patch_targets(_heredoc_body(node) if not operands else fed(operands[0]))
     if sub in {"diff", "log", "show", "blame", "status"} and "--" in rest:
         return rest[rest.index("--") + 1 :], _NOTHING_SEQ
     return None, _NOTHING_SEQ
@@ -358,11 +361,17 @@ def _installs(program: str, args: Sequence[str]) -> bool:
     return program in _INSTALLERS and sub in _INSTALLING
 
 
-def _program_targets(program: str, args: Sequence[str], effect: ShellEffect, node: Node) -> _Found:
+_Fed = Callable[[str], str | None]
+"""The text a file named in the command holds when an earlier part of the same command wrote it
+from a heredoc (``cat > fix.patch << 'EOF' ... EOF``), else None."""
+
+
+def _program_targets(program: str, args: Sequence[str], effect: ShellEffect, node: Node, fed: _Fed) -> _Found:
     """(read, written) paths of one simple command as written; None: cannot be known.
 
     ``program`` is the program's name (``/usr/bin/grep`` is ``grep``), ``node`` the command
-    node, for the heredoc a patch is fed (looked up only then)."""
+    node, for the heredoc a patch is fed (looked up only then), ``fed`` the text of a patch file
+    the same command wrote before it (``patch -p1 < fix.patch``, ``git apply fix.patch``)."""
     if program in _PURE:
         return (), ()
     if effect == "write" and _installs(program, args):
@@ -407,9 +416,12 @@ def _program_targets(program: str, args: Sequence[str], effect: ShellEffect, nod
         return [a[3:] for a in args if a.startswith("if=")], [a[3:] for a in args if a.startswith("of=")]
     if program == "patch":
         operands = _operands(args, _PATCH_VALUE)
-        return None, (operands[:1] or _patch_targets(_heredoc_body(node)))
+        if operands:
+            return None, operands[:1]
+        stdin = _stdin_file(node)
+        return None, _patch_targets(_heredoc_body(node) if stdin is None else fed(stdin))
     if program == "git":
-        return _git(args, node)
+        return _git(args, node, fed)
     if program in _SWE_PROGRAMS:
         return _swe_agent(program, args)
     if effect == "read":
@@ -431,6 +443,44 @@ def _heredoc_body(node: Node) -> str | None:
     return None
 
 
+def _redirects(node: Node, operators: frozenset[str]) -> list[Node]:
+    """The destinations of the file redirections with one of ``operators`` of the statement
+    that ``node`` is the command of."""
+    parent = node.parent
+    if parent is None or parent.type != "redirected_statement":
+        return []
+    found = []
+    for child in parent.children:
+        if child.type == "file_redirect":
+            operator = next((c.type for c in child.children if not c.is_named), "")
+            destination = child.child_by_field_name("destination")
+            if operator in operators and destination is not None:
+                found.append(destination)
+    return found
+
+
+def _stdin_file(node: Node) -> str | None:
+    """The file a command's input is redirected from (``< fix.patch``), as written; None when there
+    is none or it is an expansion."""
+    for destination in _redirects(node, _FROM_FILE):
+        word = _word(destination)
+        return None if word.dynamic else word.text
+    return None
+
+
+def _heredoc_files(node: Node, program: str, args: Sequence[str]) -> list[str]:
+    """The files that ``cat > FILE << 'EOF'`` or ``tee FILE << 'EOF'`` fills with its heredoc's
+    text, as written (none for anything else, or a file named by an expansion)."""
+    if program == "tee":
+        return [a for a in args if not a.startswith("-")]
+    if program != "cat" or args:
+        return []
+    files = [_word(d) for d in _redirects(node, _INTO_FILE)]
+    return [w.text for w in files if not w.dynamic]
+
+
+_FROM_FILE: Final = frozenset({"<"})
+_INTO_FILE: Final = frozenset({">", ">|"})
 _DEVICES: Final = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty"})
 
 
@@ -477,9 +527,12 @@ _CHDIR: Final = frozenset({"cd", "pushd"})
 _PURE_READ: Final = frozenset(p for p in _PURE if _rule_for(p) in _FIXED and _rule_for(p)(()) == "read")
 
 
-def _command_part(node: Node, cwd: str | None, programs: list[tuple[str, ...]]) -> tuple[_Part, str | None]:
+def _command_part(
+    node: Node, cwd: str | None, programs: list[tuple[str, ...]], bodies: dict[str, str]
+) -> tuple[_Part, str | None]:
     """(effect, reads, writes) of one command node and the working directory after it;
-    the words of an unknown program are appended to ``programs``.
+    the words of an unknown program are appended to ``programs``; ``bodies``: the text of each
+    file an earlier part of the command wrote from a heredoc, by path (this part's are added).
 
     The effect is ``_words_effect``'s, computed here from the words already unquoted."""
     name = node.child_by_field_name("name")
@@ -516,7 +569,17 @@ def _command_part(node: Node, cwd: str | None, programs: list[tuple[str, ...]]) 
     if effect == "unknown":
         programs.append((program, *args))
         return _UNKNOWN_ALL, cwd
-    reads, writes = _program_targets(base, args, effect, node)
+    if not dynamic and (filled := _heredoc_files(node, base, args)):
+        body = _heredoc_body(node)
+        for name in filled:
+            if body is not None and (path := _normal(name, cwd)) is not None:
+                bodies[path] = body
+
+    def fed(name: str) -> str | None:
+        path = _normal(name, cwd)
+        return None if path is None else bodies.get(path)
+
+    reads, writes = _program_targets(base, args, effect, node, fed)
     if dynamic:
         reads = None
         if effect != "read":
@@ -556,6 +619,7 @@ def command_targets(command: str) -> CommandTargets:
     reads = writes = _NOTHING
     reads_unknown = writes_unknown = writer_unknown = False
     programs: list[tuple[str, ...]] = []
+    bodies: dict[str, str] = {}  # files written from a heredoc so far: a patch applied later reads them
     cwd: str | None = ""
     # commands and file redirections in text order: a pre-order walk, children pushed reversed
     stack = [tree.root_node]
@@ -564,7 +628,7 @@ def command_targets(command: str) -> CommandTargets:
         kind = node.type
         known = len(programs)
         if kind == "command":
-            (effect, r, w), cwd = _command_part(node, cwd, programs)
+            (effect, r, w), cwd = _command_part(node, cwd, programs, bodies)
         elif kind == "file_redirect":
             effect, r, w = _redirect_part(node, cwd)
         else:
