@@ -571,12 +571,12 @@ def _command_part(
         return _UNKNOWN_ALL, cwd
     if not dynamic and (filled := _heredoc_files(node, base, args)):
         body = _heredoc_body(node)
-        for name in filled:
-            if body is not None and (path := _normal(name, cwd)) is not None:
+        for filled_name in filled:
+            if body is not None and (path := _normal(filled_name, cwd)) is not None:
                 bodies[path] = body
 
-    def fed(name: str) -> str | None:
-        path = _normal(name, cwd)
+    def fed(file_name: str) -> str | None:
+        path = _normal(file_name, cwd)
         return None if path is None else bodies.get(path)
 
     reads, writes = _program_targets(base, args, effect, node, fed)
