@@ -14,7 +14,7 @@ igraph's Reingold-Tilford layout, or drawn as an icicle (:func:`_partition`) whe
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Final
 
 import altair as alt
 import igraph
@@ -66,12 +66,19 @@ def vega_spec(chart: alt.Chart | alt.LayerChart) -> dict[str, Any]:
     """The Vega-Lite spec of ``chart`` as the pages hand it to ``st.vega_lite_chart``: its data
     inline and not validated again (``st.altair_chart`` validated each chart against Vega-Lite's
     schema on every run, 0.06 s a chart; the builders here are validated by the tests), without
-    Altair's default view size (Streamlit sizes the chart)."""
+    Altair's default view size (Streamlit sizes the chart), sized by :data:`AUTOSIZE`."""
     spec: dict[str, Any] = chart.to_dict(validate=False)
     spec.get("config", {}).pop("view", None)
     if not spec.get("config"):
         spec.pop("config", None)
+    spec["autosize"] = dict(AUTOSIZE)
     return spec
+
+
+AUTOSIZE: Final = {"type": "fit-x", "contains": "padding"}
+"""Every chart fits the page's width; its height is its plot's, and its legend, axes and title add to
+it. Streamlit's default (``fit``: all of it within the plot's height) let a long legend take the plot's
+room: 49 agents' legend left the shapes' scatter no height at all."""
 
 
 def _empty_vega(title: str, message: str) -> alt.Chart:
@@ -244,6 +251,10 @@ WHAT_IF_SERIES = (("saved", "saved (wasted repeats pruned)", "#54A24B"),
 """The what-if chart's bars: (column, name, colour)."""
 
 
+BUBBLE_PADDING = 22
+"""Pixels the shapes' scales reach past their data: the radius of the largest bubble (area 1300)."""
+
+
 def shape_chart(groups: pd.DataFrame, color: str = "agent") -> alt.Chart:
     """Runs by max depth against max breadth: one bubble per (depth, breadth, ``color``), its area
     by how many runs share it (so a million runs draw as a few hundred bubbles)."""
@@ -258,7 +269,11 @@ def shape_chart(groups: pd.DataFrame, color: str = "agent") -> alt.Chart:
         alt.Chart(frame)
         .mark_circle(opacity=0.6)
         .encode(
-            x=alt.X("max_depth:Q", title="max depth"), y=alt.Y("max_breadth:Q", title="max breadth"),
+            # whole numbers on the axes; the scales padded so that a bubble on an edge is drawn whole
+            x=alt.X("max_depth:Q", title="max depth", axis=alt.Axis(tickMinStep=1, format="d"),
+                    scale=alt.Scale(padding=BUBBLE_PADDING, nice=False)),
+            y=alt.Y("max_breadth:Q", title="max breadth", axis=alt.Axis(tickMinStep=1, format="d"),
+                    scale=alt.Scale(padding=BUBBLE_PADDING, nice=False)),
             size=alt.Size("runs:Q", scale=alt.Scale(type="sqrt", range=[36, 1300]), legend=None),  # the title says
             color=alt.Color(f"{color}:N", legend=alt.Legend(orient="bottom", columns=3, labelLimit=0)),  # text cuts
             tooltip=[alt.Tooltip("runs:Q", title="runs"), alt.Tooltip("max_depth:Q", title="depth"),

@@ -413,3 +413,35 @@ def test_the_run_explorer_finds_sorts_and_opens_a_run_in_a_real_browser(
                 shutil.copy(tmp_path / name, keep / f"run-{name}")
         finally:
             browser.close()
+
+
+def test_a_long_legend_leaves_the_shapes_scatter_its_height_in_a_real_browser(tmp_path: Path) -> None:
+    """51 coding agents' trajectories: each agent (a file) is a legend entry. Streamlit's default
+    sizing fit the legend into the chart's height and left the scatter none; the plot keeps its own."""
+    from playwright.sync_api import sync_playwright
+
+    if chromium() is None:
+        pytest.skip("no Chromium on this machine (set TREELLM_REQUIRE_BROWSER=1 to make this a failure)")
+    db = tmp_path / "agents.duckdb"
+    data = ROOT / "tests" / "data"
+    ingest(db, [*sorted((data / "swe-agent").glob("*.traj")), *sorted((data / "mini-swe-agent").glob("*/*.traj.json"))])
+    with serving(db) as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{url}/shapes")
+            page.get_by_text("Depth against breadth", exact=False).first.wait_for(timeout=60_000)
+            scatter = ("[...document.querySelectorAll('[data-testid=stVegaLiteChart]')]"
+                       ".find(c => c.querySelector('g.mark-symbol.role-legend-symbol, g.role-legend'))")  # fmt: skip
+            page.wait_for_function(f"() => {scatter} !== undefined", timeout=60_000)
+            sizes = page.evaluate(
+                f"""() => {{ const chart = {scatter};
+                           const axis = chart.querySelector('g.role-axis[aria-label^="Y-axis"]');
+                           const symbols = 'g.role-legend-entry g.role-legend-symbol path';
+                           return {{plot: axis.getBBox().height,
+                                   entries: chart.querySelectorAll(symbols).length}}; }}"""
+            )
+            assert sizes["entries"] >= 20, sizes  # Vega draws at most 30 entries and counts the rest
+            assert sizes["plot"] >= 300, sizes  # the plot's 360 px, not what the legend left
+        finally:
+            browser.close()

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import altair as alt
 import pandas as pd
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -176,9 +177,11 @@ def test_the_pages_get_each_chart_as_its_validated_spec_without_a_fixed_size() -
         charts.what_if_chart(what_if.assign(current_limit=None), "t"),
         charts.shape_chart(shapes, "agent"),
     ):
-        validated = chart.to_dict()  # raises when the spec breaks Vega-Lite's schema
+        # raises when the spec breaks Vega-Lite's schema; fit to the width, the plot's own height
+        validated = chart.properties(autosize=alt.AutoSizeParams(**charts.AUTOSIZE)).to_dict()
         del validated["config"]["view"]  # Altair's default 300 x 300: Streamlit sizes the chart
         assert charts.vega_spec(chart) == {k: v for k, v in validated.items() if v != {} or k != "config"}
+        assert charts.vega_spec(chart)["autosize"] == {"type": "fit-x", "contains": "padding"}
 
 
 def test_repeat_outcomes_chart_stacks_productive_and_wasted_most_wasted_first() -> None:
