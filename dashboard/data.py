@@ -366,16 +366,20 @@ def outcome_choices() -> tuple[str, ...]:
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def _attributes(src: Source, stamp: ex.DataVersion, run_id: str, node_id: str) -> dict[str, str]:
+def _attributes(
+    src: Source, stamp: ex.DataVersion, run_id: str, node_id: str, traces: tuple[str, ...]
+) -> dict[str, str]:
     with _connect(src) as con:
-        frame = ex.node_attributes(con, run_id, node_id)
+        frame = ex.node_attributes(con, run_id, node_id, trace_ids=traces or None)
     return {str(k): str(v) for k, v in zip(frame["key"], frame["value"], strict=True)}
 
 
 def think_chat(run_id: str, node_id: str) -> tuple[ex.ChatMessage, ...]:
-    """Think node ``node_id``'s chat: its stored messages, then the calls it made and those caught."""
+    """Think node ``node_id``'s chat: its stored messages, then the calls it made and those caught
+    (its run's traces known from the run's detail: found once)."""
     detail = run_detail(run_id)
-    return ex.think_chat(_attributes(*_key(), run_id, node_id), detail["nodes"], detail["loops"], node_id)
+    attributes = _attributes(*_key(), run_id, node_id, ex.run_traces(detail["run"]))
+    return ex.think_chat(attributes, detail["nodes"], detail["loops"], node_id)
 
 
 def run_table(filters: Filters, *, text: str | None, outcome: str | None, sort: str) -> pd.DataFrame:

@@ -150,6 +150,12 @@ def test_the_explorer_functions_give_the_same_frames_on_both_engines(stores: tup
             assert a.astype(str).values.tolist() == b.astype(str).values.tolist()
             a, b = explorer.node_attributes(ch, run_id, node_id), explorer.node_attributes(duck, run_id, node_id)
             assert a.values.tolist() == b.values.tolist() and len(a) > 0
+            traces = explorer.run_traces(explorer.run_row(ch, run_id))
+            assert traces and traces == explorer.run_traces(explorer.run_row(duck, run_id))
+            for engine in (ch, duck):  # the run's traces given: the same rows, the lookup skipped
+                known = explorer.node_attributes(engine, run_id, node_id, trace_ids=traces)
+                assert known.values.tolist() == a.values.tolist()
+        assert explorer.run_traces(explorer.run_row(ch, "no such run")) == ()
     finally:
         duck.close()
         ch.close()

@@ -47,6 +47,7 @@ __all__ = [
     "run_nodes",
     "run_row",
     "run_spans",
+    "run_traces",
     "run_table",
     "think_chat",
 ]
@@ -137,14 +138,19 @@ def run_detail(con: StoreConnection, run_id: str) -> dict[str, pd.DataFrame]:
     found once (each query finding it again cost 0.1 s of the 0.4-0.5 s of a run at 10M spans over
     chDB). Empty frames when the store has no such run."""
     row = run_row(con, run_id)
-    traces = tuple(dict.fromkeys(str(t) for t in row["trace_id"])) if "trace_id" in row.columns else ()
-    found = traces or None  # a run id that two traces hold (ids reused across agents) reads both
+    found = run_traces(row) or None  # a run id that two traces hold (ids reused across agents) reads both
     return {
         "run": row,
         "nodes": run_nodes(con, run_id, trace_ids=found),
         "loops": run_loop_events(con, run_id, trace_ids=found),
         "spans": run_spans(con, run_id, trace_ids=found),
     }
+
+
+def run_traces(run: pd.DataFrame) -> tuple[str, ...]:
+    """The traces that hold a run, from its ``runs`` rows (:func:`run_row`, ``run_detail(...)["run"]``):
+    each once, in order; none for a run the store does not have."""
+    return tuple(dict.fromkeys(str(t) for t in run["trace_id"])) if "trace_id" in run.columns else ()
 
 
 _NODE_COLUMNS = """n.node_id AS node_id, n.kind AS kind, n.parent_id AS parent_id, n.depth AS depth,
@@ -422,12 +428,15 @@ def attribute_text(raw: str) -> str:
     return json.dumps([_any_value(v) for v in items], separators=(",", ":"), ensure_ascii=False)
 
 
-def node_attributes(con: StoreConnection, run_id: str, node_id: str) -> pd.DataFrame:
+def node_attributes(
+    con: StoreConnection, run_id: str, node_id: str, *, trace_ids: Sequence[str] | None = None
+) -> pd.DataFrame:
     """The stored attributes (``key``, ``value``, by key) of one node's span: redacted as the
-    store keeps them, arrays as JSON lists on every engine (:func:`attribute_text`)."""
+    store keeps them, arrays as JSON lists on every engine (:func:`attribute_text`);
+    ``trace_ids``: the run's, when known (:func:`run_traces`)."""
     c = as_connection(con)
     sql = _NODE_ATTRIBUTES_SQL_CLICKHOUSE if c.dialect == "clickhouse" else _NODE_ATTRIBUTES_SQL
-    in_run, params = _in_run(c, "s", run_id)
+    in_run, params = _in_run(c, "s", run_id, trace_ids)
     frame = c.df(sql.format(in_run=in_run), [*params, node_id])
     frame["value"] = frame["value"].map(lambda v: attribute_text(v) if isinstance(v, str) else v).astype(object)
     return frame
