@@ -529,6 +529,15 @@ PATCH = "--- a/src/pkg/core.py\n+++ b/src/pkg/core.py\n@@ -1 +1 @@\n-a = 1\n+a =
         (f"cat >> fix.patch << 'EOF'\n{PATCH}EOF\npatch -p1 < fix.patch", None),  # appended: more than the heredoc
         (f"cat > $P << 'EOF'\n{PATCH}EOF\npatch -p1 < $P", None),
         (f"cat part.patch > fix.patch << 'EOF'\n{PATCH}EOF\npatch -p1 < fix.patch", None),  # cat of a file, not stdin
+        # the file written again between: its text is no longer the heredoc's
+        (f"cat > fix.patch << 'EOF'\n{PATCH}EOF\necho x > fix.patch\npatch -p1 < fix.patch", None),
+        (f"cat > fix.patch << 'EOF'\n{PATCH}EOF\ncat more.patch >> fix.patch\npatch -p1 < fix.patch", None),
+        (f"cat > fix.patch << 'EOF'\n{PATCH}EOF\npython mend.py\npatch -p1 < fix.patch", None),
+        # another file written between changes nothing
+        (
+            f"cat > fix.patch << 'EOF'\n{PATCH}EOF\necho x > notes.txt\npatch -p1 < fix.patch",
+            {"fix.patch", "notes.txt", "src/pkg/core.py"},
+        ),
     ],
 )
 def test_a_patch_applied_from_a_file_the_same_command_wrote_writes_what_it_names(

@@ -38,7 +38,7 @@ from __future__ import annotations
 import functools
 import posixpath
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -281,7 +281,7 @@ def _patch_targets(body: str | None) -> list[str] | None:
     return found or None
 
 
-def _git(args: Sequence[str], node: Node, fed: _Fed) -> _Found:
+def _git(args: Sequence[str], node: Node, bodies: dict[str, Node], cwd: str | None) -> _Found:
     i = 0
     while i < len(args) and args[i].startswith("-"):
         i += 2 if args[i] in {"-C", "-c", "--git-dir", "--work-tree"} else 1
@@ -300,7 +300,7 @@ def _git(args: Sequence[str], node: Node, fed: _Fed) -> _Found:
         if any(a in {"--check", "--stat", "--numstat", "--summary"} for a in rest):
             return None, _NOTHING_SEQ
         operands = [a for a in rest if not a.startswith("-")]
-        return None, _patch_targets(_heredoc_body(node) if not operands else fed(operands[0]))
+        return None, _patch_targets(_heredoc_body(node) if not operands else _fed(bodies, operands[0], cwd))
     if sub in {"diff", "log", "show", "blame", "status"} and "--" in rest:
         return rest[rest.index("--") + 1 :], _NOTHING_SEQ
     return None, _NOTHING_SEQ
@@ -361,17 +361,25 @@ def _installs(program: str, args: Sequence[str]) -> bool:
     return program in _INSTALLERS and sub in _INSTALLING
 
 
-_Fed = Callable[[str], str | None]
-"""The text a file named in the command holds when an earlier part of the same command wrote it
-from a heredoc (``cat > fix.patch << 'EOF' ... EOF``), else None."""
+def _fed(bodies: dict[str, Node], name: str, cwd: str | None) -> str | None:
+    """The text the file ``name`` holds when an earlier part of the same command wrote it from a
+    heredoc (``cat > fix.patch << 'EOF' ... EOF``: its command in ``bodies``, by path), else None."""
+    if not bodies:
+        return None
+    path = _normal(name, cwd)
+    filler = None if path is None else bodies.get(path)
+    return None if filler is None else _heredoc_body(filler)
 
 
-def _program_targets(program: str, args: Sequence[str], effect: ShellEffect, node: Node, fed: _Fed) -> _Found:
+def _program_targets(
+    program: str, args: Sequence[str], effect: ShellEffect, node: Node, *, bodies: dict[str, Node], cwd: str | None
+) -> _Found:
     """(read, written) paths of one simple command as written; None: cannot be known.
 
     ``program`` is the program's name (``/usr/bin/grep`` is ``grep``), ``node`` the command
-    node, for the heredoc a patch is fed (looked up only then), ``fed`` the text of a patch file
-    the same command wrote before it (``patch -p1 < fix.patch``, ``git apply fix.patch``)."""
+    node, for the heredoc a patch is fed (looked up only then), ``bodies`` and ``cwd`` for a patch
+    file the same command wrote before it (``patch -p1 < fix.patch``, ``git apply fix.patch``:
+    :func:`_fed`)."""
     if program in _PURE:
         return (), ()
     if effect == "write" and _installs(program, args):
@@ -419,9 +427,9 @@ def _program_targets(program: str, args: Sequence[str], effect: ShellEffect, nod
         if operands:
             return None, operands[:1]
         stdin = _stdin_file(node)
-        return None, _patch_targets(_heredoc_body(node) if stdin is None else fed(stdin))
+        return None, _patch_targets(_heredoc_body(node) if stdin is None else _fed(bodies, stdin, cwd))
     if program == "git":
-        return _git(args, node, fed)
+        return _git(args, node, bodies, cwd)
     if program in _SWE_PROGRAMS:
         return _swe_agent(program, args)
     if effect == "read":
@@ -468,15 +476,31 @@ def _stdin_file(node: Node) -> str | None:
     return None
 
 
-def _heredoc_files(node: Node, program: str, args: Sequence[str]) -> list[str]:
-    """The files that ``cat > FILE << 'EOF'`` or ``tee FILE << 'EOF'`` fills with its heredoc's
-    text, as written (none for anything else, or a file named by an expansion)."""
+def _keep_heredoc(node: Node, program: str, args: Sequence[str], cwd: str | None, bodies: dict[str, Node]) -> None:
+    """Keep, by path, the command ``cat > FILE << 'EOF'`` or ``tee FILE << 'EOF'`` that fills its
+    files with its heredoc's text (nothing for ``cat`` of files, or a file named by an expansion);
+    the text is read only when a patch applies the file (:func:`_fed`)."""
     if program == "tee":
-        return [a for a in args if not a.startswith("-")]
-    if program != "cat" or args:
-        return []
-    files = [_word(d) for d in _redirects(node, _INTO_FILE)]
-    return [w.text for w in files if not w.dynamic]
+        names = [a for a in args if not a.startswith("-")]
+    elif args:
+        return
+    else:
+        names = [w.text for w in map(_word, _redirects(node, _INTO_FILE)) if not w.dynamic]
+    for name in names:
+        if (path := _normal(name, cwd)) is not None:
+            bodies[path] = node
+
+
+def _forget_rewritten(bodies: dict[str, Node], written: frozenset[str], node: Node) -> None:
+    """Drop the kept heredoc of each file in ``written`` that ``node`` wrote again (``echo x > f``,
+    ``cat more >> f``), unless ``node`` is that heredoc's own command or one of its redirections."""
+    for path in written & bodies.keys():
+        filler = bodies[path]
+        if filler != node and filler.parent != node.parent:
+            del bodies[path]
+
+
+_FILLERS: Final = frozenset({"cat", "tee"})
 
 
 _FROM_FILE: Final = frozenset({"<"})
@@ -528,7 +552,7 @@ _PURE_READ: Final = frozenset(p for p in _PURE if _rule_for(p) in _FIXED and _ru
 
 
 def _command_part(
-    node: Node, cwd: str | None, programs: list[tuple[str, ...]], bodies: dict[str, str]
+    node: Node, cwd: str | None, programs: list[tuple[str, ...]], bodies: dict[str, Node]
 ) -> tuple[_Part, str | None]:
     """(effect, reads, writes) of one command node and the working directory after it;
     the words of an unknown program are appended to ``programs``; ``bodies``: the text of each
@@ -569,17 +593,9 @@ def _command_part(
     if effect == "unknown":
         programs.append((program, *args))
         return _UNKNOWN_ALL, cwd
-    if not dynamic and (filled := _heredoc_files(node, base, args)):
-        body = _heredoc_body(node)
-        for filled_name in filled:
-            if body is not None and (path := _normal(filled_name, cwd)) is not None:
-                bodies[path] = body
-
-    def fed(file_name: str) -> str | None:
-        path = _normal(file_name, cwd)
-        return None if path is None else bodies.get(path)
-
-    reads, writes = _program_targets(base, args, effect, node, fed)
+    if base in _FILLERS and not dynamic:
+        _keep_heredoc(node, base, args, cwd, bodies)
+    reads, writes = _program_targets(base, args, effect, node, bodies=bodies, cwd=cwd)
     if dynamic:
         reads = None
         if effect != "read":
@@ -619,7 +635,7 @@ def command_targets(command: str) -> CommandTargets:
     reads = writes = _NOTHING
     reads_unknown = writes_unknown = writer_unknown = False
     programs: list[tuple[str, ...]] = []
-    bodies: dict[str, str] = {}  # files written from a heredoc so far: a patch applied later reads them
+    bodies: dict[str, Node] = {}  # files written from a heredoc so far: a patch applied later reads them
     cwd: str | None = ""
     # commands and file redirections in text order: a pre-order walk, children pushed reversed
     stack = [tree.root_node]
@@ -644,8 +660,11 @@ def command_targets(command: str) -> CommandTargets:
         if w is None:
             writes_unknown = True
             writer_unknown = writer_unknown or len(programs) == known
+            bodies.clear()  # it may have rewritten a kept file: a patch applied from it is unknown
         elif w:
             writes = writes | w if writes else w
+            if bodies:
+                _forget_rewritten(bodies, w, node)
     if worst == "read":
         return CommandTargets(worst, reads, _NOTHING, reads_unknown, False)
     return CommandTargets(worst, reads, writes, reads_unknown, writes_unknown, tuple(programs), writer_unknown)
