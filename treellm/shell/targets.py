@@ -555,8 +555,9 @@ def _command_part(
     node: Node, cwd: str | None, programs: list[tuple[str, ...]], bodies: dict[str, Node]
 ) -> tuple[_Part, str | None]:
     """(effect, reads, writes) of one command node and the working directory after it;
-    the words of an unknown program are appended to ``programs``; ``bodies``: the text of each
-    file an earlier part of the command wrote from a heredoc, by path (this part's are added).
+    the words of an unknown program are appended to ``programs``; ``bodies``: the command that
+    filled each file from a heredoc in an earlier part of this command, by path (this part's are
+    added: :func:`_keep_heredoc`).
 
     The effect is ``_words_effect``'s, computed here from the words already unquoted."""
     name = node.child_by_field_name("name")
