@@ -104,16 +104,19 @@ twice)."""
 
 def runs_over_time_chart(by_day: pd.DataFrame) -> alt.LayerChart | alt.Chart:
     """Runs, tool calls, pruned calls and wasted repeats per day, with the prune rate on its own
-    axis (right): days on a UTC date axis (gaps show as gaps), counts and the rate never drawn
+    axis (right): days on a UTC date axis (gaps show as gaps: a line is broken where days without
+    runs fall between two days with runs, never drawn across them), counts and the rate never drawn
     below zero."""
     if by_day.empty:
         return _empty_vega("Over time", "no runs")
-    days = pd.to_datetime(by_day["day"])
+    ordered = by_day.assign(day=pd.to_datetime(by_day["day"])).sort_values("day", ignore_index=True)
+    days = ordered["day"]
     span_days = (days.max() - days.min()).days
-    frame = pd.DataFrame({"day": days.dt.strftime("%Y-%m-%d"), "prune_rate": by_day["prune_rate"].astype(float),
-                          **{name: by_day[column].astype("int64") for column, name in COUNT_SERIES}})  # fmt: skip
+    frame = pd.DataFrame({"day": days.dt.strftime("%Y-%m-%d"), "prune_rate": ordered["prune_rate"].astype(float),
+                          "segment": (days.diff().dt.days > 1).cumsum().astype("int64"),
+                          **{name: ordered[column].astype("int64") for column, name in COUNT_SERIES}})  # fmt: skip
     names = [name for _, name in COUNT_SERIES]
-    counts = frame.melt(id_vars=["day"], value_vars=names, var_name="series", value_name="count")
+    counts = frame.melt(id_vars=["day", "segment"], value_vars=names, var_name="series", value_name="count")
     palette = alt.Scale(domain=list(OVER_TIME_COLORS), range=list(OVER_TIME_COLORS.values()))
     color = alt.Color("series:N", title=None, legend=alt.Legend(orient="bottom"), scale=palette)
     tooltip = [alt.Tooltip("day:T", timeUnit="utcyearmonthdate", title="day"), "series:N", "count:Q"]
@@ -130,7 +133,11 @@ def runs_over_time_chart(by_day: pd.DataFrame) -> alt.LayerChart | alt.Chart:
             alt.Chart(counts)
             .mark_line(point=True)
             .encode(
-                x=alt.X("day:T", timeUnit="utcyearmonthdate", title=None), y=count_axis, color=color, tooltip=tooltip
+                x=alt.X("day:T", timeUnit="utcyearmonthdate", title=None),
+                y=count_axis,
+                color=color,
+                tooltip=tooltip,
+                detail=alt.Detail("segment:N"),  # one line per run of consecutive days
             )
         )
     top = max(float(frame["prune_rate"].max()), 0.01)
@@ -139,7 +146,7 @@ def runs_over_time_chart(by_day: pd.DataFrame) -> alt.LayerChart | alt.Chart:
         x=alt.X("day:T", timeUnit="utcyearmonthdate", title=None, bandPosition=0.5 if bars else 0),
         y=alt.Y("prune_rate:Q", title="prune rate", scale=alt.Scale(domain=[0, min(1.0, top) * 1.1]),
                 axis=alt.Axis(format=".1~%", orient="right")),
-        color=alt.datum("prune rate"),
+        color=alt.datum("prune rate"), detail=alt.Detail("segment:N"),
         tooltip=[alt.Tooltip("day:T", timeUnit="utcyearmonthdate", title="day"),
                  alt.Tooltip("prune_rate:Q", format=".1%", title="prune rate")],
     )  # fmt: skip

@@ -212,6 +212,22 @@ def test_the_time_axis_holds_dates_and_the_prune_rate_never_reads_below_zero() -
     assert years.to_dict()["layer"][1]["encoding"]["x"].get("bandPosition", 0) == 0  # beside lines: at the day
 
 
+def test_lines_over_time_break_where_days_without_runs_fall_between() -> None:
+    # two years apart: the prune rate's line drew a trend from the first day to the next across them
+    by_day = pd.DataFrame({"day": pd.to_datetime(["2026-11-30", "2024-01-01", "2026-11-29", "2026-12-02"]),
+                           "runs": [5, 2, 4, 1], "tool_calls": [9, 3, 8, 2], "pruned": [1, 0, 2, 0],
+                           "wasted": [1, 0, 1, 0], "prune_rate": [0.1, 0.0, 0.2, 0.0]})  # fmt: skip
+    spec = charts.runs_over_time_chart(by_day).to_dict()
+    counts, rate = spec["layer"]
+    assert counts["mark"]["type"] == "line"
+    assert counts["encoding"]["detail"]["field"] == rate["encoding"]["detail"]["field"] == "segment"
+    days = {r["day"]: r["segment"] for r in spec["datasets"][rate["data"]["name"]]}
+    # a line per run of consecutive days: 2024-01-01 alone, Nov 29-30 together, Dec 2 alone
+    assert days == {"2024-01-01": 0, "2026-11-29": 1, "2026-11-30": 1, "2026-12-02": 2}
+    drawn = {(r["day"], r["series"]): (r["count"], r["segment"]) for r in spec["datasets"][counts["data"]["name"]]}
+    assert drawn[("2026-11-30", "runs")] == (5, 1) and drawn[("2024-01-01", "tool calls")] == (3, 0)
+
+
 def test_one_day_of_runs_has_one_date_on_its_axis_and_its_rate_over_its_bars() -> None:
     # trajectories' synthetic times put a whole file on one day: Vega's own ticks fell on its hours,
     # each labelled with the same date, and the rate's axis showed 0% and 1% three times each
