@@ -149,13 +149,7 @@ def floor(path: Path, folder: Path) -> tuple[float, float]:
 _UNPLACED = """
 import sys
 import treellm.derive.foreign as foreign
-import treellm.store.ingest  # the package's ``ingest`` is the function; the module is in sys.modules
-ingest = sys.modules["treellm.store.ingest"]
-
-def _no_answers(con, internal=None):
-    con.execute("CREATE OR REPLACE TEMP TABLE foreign_answers AS " + foreign._NO_ANSWERS)
-
-ingest._read_foreign = _no_answers
+foreign._read_foreign = lambda con, internal: False  # no span of another framework: read_foreign's own fallback
 from treellm.cli import main
 sys.exit(main())
 """

@@ -46,6 +46,7 @@ from dashboard.text import literal
 from treellm import analysis, settings
 from treellm.analysis import Filters
 from treellm.analysis import explorer as ex
+from treellm.analysis.tuning import limit_text
 from treellm.errors import ConfigError, MissingExtraError, StoreBusyError, StoreError, TreeLLMError
 from treellm.store import sources
 from treellm.store.backend import StoreConnection
@@ -515,5 +516,4 @@ def with_links(frame: pd.DataFrame) -> pd.DataFrame:
 def limits_shown(tuning: pd.DataFrame) -> pd.DataFrame:
     """A tuning's table as shown: the limit the agent ran under as text, ``none`` where it never ran
     with one (as ``treellm tune`` prints it; an empty number cell read as a missing value)."""
-    current = [str(int(v)) if pd.notna(v) else "none" for v in tuning["current_max_repeats"]]
-    return tuning.assign(current_max_repeats=current)
+    return tuning.assign(current_max_repeats=[limit_text(v) for v in tuning["current_max_repeats"]])

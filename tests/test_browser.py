@@ -160,33 +160,42 @@ def first_langgraph_run() -> str:
     return f"{trace_id}:{span_id}"
 
 
-def test_a_foreign_run_is_drawn_as_a_tree_in_a_real_browser(dashboard_url: str, tmp_path: Path) -> None:
-    """A LangGraph run (OpenInference spans): think nodes chained, tool nodes under them, not a flat row."""
+def _measure_chart(url: str, text: str, holding: str, measure: str, shot: Path | None = None) -> Any:
+    """Open ``url`` in Chromium, wait for ``text``, find the Vega-Lite chart holding ``holding`` (a CSS
+    selector) and return what ``measure`` (JavaScript statements over ``chart``, ending in a return)
+    gives; ``shot``: a screenshot of the page, also kept in ``test-output/``."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{dashboard_url}/run?run={first_langgraph_run()}")
-            page.get_by_text("Run tree:", exact=False).first.wait_for(timeout=60_000)
-            tree = ("[...document.querySelectorAll('[data-testid=stVegaLiteChart]')]"
-                    ".find(c => c.querySelector('g.mark-symbol'))")  # fmt: skip
-            page.wait_for_function(f"() => {tree} !== undefined", timeout=60_000)
-            shape = page.evaluate(  # the edges' lines (the first layer), the nodes' rows (their drawn y)
-                f"""() => {{ const chart = {tree};
-                           const ys = [...chart.querySelectorAll('g.mark-symbol path')]
-                               .map(p => p.getAttribute('transform').match(/,([-0-9.e]+)\\)/)[1]);
-                           return {{edges: chart.querySelector('g.mark-rule').children.length,
-                                   levels: new Set(ys).size}}; }}"""
-            )
-            assert shape["edges"] >= 4 and shape["levels"] >= 3, shape
-            page.screenshot(path=str(tmp_path / "foreign-run.png"), full_page=True)
-            keep = ROOT / "test-output"
-            keep.mkdir(exist_ok=True)
-            shutil.copy(tmp_path / "foreign-run.png", keep / "foreign-run.png")
+            page.goto(url)
+            page.get_by_text(text, exact=False).first.wait_for(timeout=60_000)
+            charts = "[...document.querySelectorAll('[data-testid=stVegaLiteChart]')]"
+            chart = f"{charts}.find(c => c.querySelector('{holding}'))"
+            page.wait_for_function(f"() => {chart} !== undefined", timeout=60_000)
+            found = page.evaluate(f"() => {{ const chart = {chart}; {measure} }}")
+            if shot is not None:
+                page.screenshot(path=str(shot), full_page=True)
+                keep = ROOT / "test-output"
+                keep.mkdir(exist_ok=True)
+                shutil.copy(shot, keep / shot.name)
+            return found
         finally:
             browser.close()
+
+
+def test_a_foreign_run_is_drawn_as_a_tree_in_a_real_browser(dashboard_url: str, tmp_path: Path) -> None:
+    """A LangGraph run (OpenInference spans): think nodes chained, tool nodes under them, not a flat row."""
+    shape = _measure_chart(  # the edges' lines (the first layer), the nodes' rows (their drawn y)
+        f"{dashboard_url}/run?run={first_langgraph_run()}", "Run tree:", "g.mark-symbol",
+        """const ys = [...chart.querySelectorAll('g.mark-symbol path')]
+               .map(p => p.getAttribute('transform').match(/,([-0-9.e]+)\\)/)[1]);
+           return {edges: chart.querySelector('g.mark-rule').children.length, levels: new Set(ys).size};""",
+        shot=tmp_path / "foreign-run.png",
+    )  # fmt: skip
+    assert shape["edges"] >= 4 and shape["levels"] >= 3, shape
 
 
 # -- untrusted text: a store whose every name and id is Markdown, HTML and terminal escapes ----------
@@ -416,32 +425,19 @@ def test_the_run_explorer_finds_sorts_and_opens_a_run_in_a_real_browser(
 
 
 def test_a_long_legend_leaves_the_shapes_scatter_its_height_in_a_real_browser(tmp_path: Path) -> None:
-    """51 coding agents' trajectories: each agent (a file) is a legend entry. Streamlit's default
-    sizing fit the legend into the chart's height and left the scatter none; the plot keeps its own."""
-    from playwright.sync_api import sync_playwright
-
+    """51 coding trajectories of 44 agents (files): each agent is a legend entry. Streamlit's default
+    sizing fit the legend into the chart's height and left the scatter 74 px; the plot keeps its own."""
     if chromium() is None:
         pytest.skip("no Chromium on this machine (set TREELLM_REQUIRE_BROWSER=1 to make this a failure)")
     db = tmp_path / "agents.duckdb"
     data = ROOT / "tests" / "data"
     ingest(db, [*sorted((data / "swe-agent").glob("*.traj")), *sorted((data / "mini-swe-agent").glob("*/*.traj.json"))])
-    with serving(db) as url, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{url}/shapes")
-            page.get_by_text("Depth against breadth", exact=False).first.wait_for(timeout=60_000)
-            scatter = ("[...document.querySelectorAll('[data-testid=stVegaLiteChart]')]"
-                       ".find(c => c.querySelector('g.mark-symbol.role-legend-symbol, g.role-legend'))")  # fmt: skip
-            page.wait_for_function(f"() => {scatter} !== undefined", timeout=60_000)
-            sizes = page.evaluate(
-                f"""() => {{ const chart = {scatter};
-                           const axis = chart.querySelector('g.role-axis[aria-label^="Y-axis"]');
-                           const symbols = 'g.role-legend-entry g.role-legend-symbol path';
-                           return {{plot: axis.getBBox().height,
-                                   entries: chart.querySelectorAll(symbols).length}}; }}"""
-            )
-            assert sizes["entries"] >= 20, sizes  # Vega draws at most 30 entries and counts the rest
-            assert sizes["plot"] >= 300, sizes  # the plot's 360 px, not what the legend left
-        finally:
-            browser.close()
+    with serving(db) as url:
+        sizes = _measure_chart(
+            f"{url}/shapes", "Depth against breadth", "g.role-legend",
+            """const axis = chart.querySelector('g.role-axis[aria-label^="Y-axis"]');
+               const symbols = 'g.role-legend-entry g.role-legend-symbol path';
+               return {plot: axis.getBBox().height, entries: chart.querySelectorAll(symbols).length};""",
+        )  # fmt: skip
+    assert sizes["entries"] >= 20, sizes  # Vega draws at most 30 entries and counts the rest
+    assert sizes["plot"] >= 300, sizes  # the plot's 360 px, not what the legend left

@@ -754,6 +754,7 @@ def _print_tune(data: dict[str, Any]) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from treellm.analysis.tuning import limit_text
     from treellm.inspector import terminal_text
 
     console = _console(stderr=False)
@@ -774,7 +775,7 @@ def _print_tune(data: dict[str, Any]) -> None:
         table.add_row(
             terminal_text(item["tool"]),
             terminal_text(item["verdict"]),
-            terminal_text(current if item.get("observed_limit") and current is not None else "none"),
+            terminal_text(limit_text(current if item.get("observed_limit") else None)),
             terminal_text(item.get("recommended_max_repeats")),
             terminal_text(item.get("samples")),
             terminal_text("" if rate is None or not math.isfinite(rate) else f"{rate:.0%}"),

@@ -323,8 +323,6 @@ _TEXT_MATCH = """(r.run_id ILIKE ?{escape} OR r.trace_id ILIKE ?{escape} OR r.so
     WHERE s.run_id IS NOT NULL AND s.tool_name IS NOT NULL AND (s.arguments ILIKE ?{escape} OR s.result ILIKE ?{escape})
     UNION ALL
     SELECT l.run_id FROM loop_events l WHERE l.arguments ILIKE ?{escape}))"""
-_TEXT_PLACES = 6
-"""The ``?`` of :data:`_TEXT_MATCH`: each is the search's pattern."""
 
 
 def run_table(con: StoreConnection, filters: Filters | None = None, query: RunQuery | None = None) -> pd.DataFrame:
@@ -347,7 +345,7 @@ def run_table(con: StoreConnection, filters: Filters | None = None, query: RunQu
         params.append(q.outcome)
     if q.text:
         clauses.append(_TEXT_MATCH.format(escape="" if clickhouse else " ESCAPE '\\'"))
-        params += [like_pattern(q.text)] * _TEXT_PLACES
+        params += [like_pattern(q.text)] * _TEXT_MATCH.count("?")  # each place takes the pattern
     sql = _RUN_TABLE_SQL.format(
         repeats=REPEATS_SQL.format(where=repeat_where), where=" AND ".join(clauses), sort=_SORT_COLUMNS[q.sort],
         direction="DESC" if q.descending else "ASC", limit=int(q.limit),

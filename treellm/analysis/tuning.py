@@ -27,6 +27,7 @@ from treellm.store.backend import StoreConnection, as_connection
 
 __all__ = [
     "DEFAULT_MIN_PRODUCTIVE",
+    "limit_text",
     "limits_toml",
     "tuning_by_tool",
     "what_if_by_tool_limit",
@@ -37,6 +38,12 @@ DEFAULT_TOLERANCE = 0.05
 VERDICT_ORDER = {"raise": 0, "lower": 1, "mutates": 2, "keep": 3, "insufficient_data": 4}
 """Actionable verdicts first."""
 DEFAULT_MIN_SAMPLES = 10
+
+
+def limit_text(current: Any) -> str:
+    """A tool's current limit as people read it: the number, or ``none`` when the agent never ran
+    with one (a missing ``current_max_repeats``); the tune table and the dashboard show it so."""
+    return "none" if current is None or pd.isna(current) else str(int(current))
 
 
 def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
