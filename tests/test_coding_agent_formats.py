@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from treellm.analysis import repeats
 from treellm.cli import main
 from treellm.derive.formats import Record, detect_format, iter_records
 from treellm.errors import IngestError
@@ -303,3 +304,68 @@ def test_a_corrupt_traj_file_is_a_clear_error_naming_the_file(
     assert str(caught.value) == f"{bad_step} (record 0): trajectory[1].action: expected text, got int"
     assert main(["ingest", str(bad_step), "--db", str(tmp_path / "cli.duckdb")]) == 1
     assert capsys.readouterr().err.strip() == f"treellm: error: {caught.value}"
+
+
+def _judged(tmp_path: Path, name: str, steps: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
+    """(command, outcome, reason) of each identical repeat of one SWE-agent trajectory of ``steps``
+    (action, observation), ingested and judged."""
+    path = tmp_path / f"{name}.traj"
+    trajectory = [{"action": a, "observation": o, "thought": "", "response": a} for a, o in steps]
+    path.write_text(json.dumps({"environment": "swe_main", "trajectory": trajectory}), encoding="utf-8")
+    db = tmp_path / f"{name}.duckdb"
+    ingest(db, [path])
+    con = open_store(db, read_only=True)
+    try:
+        found = repeats(con)
+    finally:
+        con.close()
+    return [(json.loads(r.arguments)["command"], r.outcome, r.reason) for r in found.itertuples()]
+
+
+CHALL = "[File: /ctf/chall.py (3 lines total)]\n1:import os\n2:key = os.urandom(8)\n3:print(key)"
+
+
+def test_swe_agents_edit_writes_the_file_its_editor_has_open(tmp_path: Path) -> None:
+    """``edit`` names no file: it writes the one that the run's last ``open`` or ``create`` opened
+    (read as shell, an edit's text says anything: this one parses as a writer of unnamed files)."""
+    elsewhere = _judged(
+        tmp_path, "elsewhere",
+        [("open chall.py", CHALL), ("create solve.py", "[File: /ctf/solve.py (1 lines total)]\n1:"),
+         ("edit 1:1\nwith open('msg.enc', 'rb') as f:\n    print(f.read())\nend_of_edit", "File updated."),
+         ("python solve.py", "1"),
+         ("open chall.py", CHALL)],
+    )  # fmt: skip
+    assert elsewhere == [("open chall.py", "wasted", "same result as its twin; nothing it reads was written between")]
+    here = _judged(
+        tmp_path, "here",
+        [("open chall.py", CHALL), ("edit 3:3\nprint(key)\nend_of_edit", "File updated."), ("open chall.py", CHALL)],
+    )  # fmt: skip
+    assert here == [
+        ("open chall.py", "productive", "same result after chall.py was written between (checks the change)")
+    ]
+    # before any open, after an open that names no one file and after one that failed, the edited
+    # file is unknown: a program run (whose reads are unknown) may read it
+    created = ("create x.py", "[File: x.py]")
+    leads = {
+        "none": [("ls", "x")],
+        "unnamed": [created, ("open $F", "x")],
+        "failed": [created, ("open gone.py", "Error: no gone.py")],
+    }
+    edit = ("edit 1:1\nx = 1\nend_of_edit", "File updated.")
+    for name, lead in leads.items():
+        unknown = _judged(tmp_path, name, [*lead, ("python chall.py", "k"), edit, ("python chall.py", "k")])
+        assert unknown == [("python chall.py", "productive", "same result, but `edit 1:1` may have written anything")]
+    known = _judged(
+        tmp_path, "known",
+        [("create x.py", "[File: x.py]"), ("python chall.py", "k"), ("edit 1:1\nx = 1\nend_of_edit", "ok"),
+         ("python chall.py", "k")],
+    )  # fmt: skip
+    assert [(c, o) for c, o, _ in known] == [("python chall.py", "wasted")]  # x.py: the agent's scratch file
+    # a repeated `goto` shows the open file: wasted unless that file was written between
+    views = _judged(
+        tmp_path, "views",
+        [("open a.py", "[File: a.py]"), ("goto 40", "40:x"), ("create b.py", "[File: b.py]"),
+         ("edit 1:1\ny\nend_of_edit", "ok"), ("open a.py", "[File: a.py]"), ("goto 40", "40:x"),
+         ("edit 40:40\nz\nend_of_edit", "ok"), ("goto 40", "40:x")],
+    )  # fmt: skip
+    assert [(c, o) for c, o, _ in views] == [("open a.py", "wasted"), ("goto 40", "wasted"), ("goto 40", "productive")]

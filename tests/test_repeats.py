@@ -548,3 +548,30 @@ def test_a_patch_applied_from_a_file_the_same_command_wrote_writes_what_it_names
     found = command_targets(command)
     assert found.effect == "write"
     assert (None if found.writes_unknown else set(found.known_writes)) == writes
+
+
+@pytest.mark.parametrize(
+    ("command", "use"),
+    [
+        ("open chall.py", ("opens", "chall.py")),
+        ('open "src/setup.py" 30', ("opens", "src/setup.py")),
+        ("create reproduce.py", ("opens", "reproduce.py")),
+        ("edit 1:1\nwith open('x', 'rb') as f:\nend_of_edit", ("writes", None)),
+        ("insert 'import os'", ("writes", None)),
+        ("goto 120", ("shows", None)),
+        ("scroll_down", ("shows", None)),
+        # an open that names no one file, or does more: which file is open is then unknown
+        ("open $F", ("opens", None)),
+        ("open a.py && cat b.py", ("opens", None)),
+        ("open", ("opens", None)),
+        # other commands leave the editor alone, whatever they hold
+        ("cat chall.py", None),
+        ("str_replace_editor view chall.py", None),
+        ("echo edit", None),
+        ("", None),
+    ],
+)
+def test_swe_agents_editor_commands_say_how_they_use_the_open_file(command: str, use: Any) -> None:
+    from treellm.shell import editor_use
+
+    assert editor_use(command) == use

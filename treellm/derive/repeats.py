@@ -36,6 +36,10 @@ path literals of that code), or is a known writer whose targets cannot be named
 (``git stash``, an editor's ``edit``): a program that may write somewhere unnamed may
 have written anything, but the identical text is the evidence that it did not touch
 what the read shows (unless the repeat itself writes, a restore after such a program).
+SWE-agent's editor acts on the file it has open (``treellm.shell.editor_use``): the run's
+last ``open FILE`` or ``create FILE`` that did not fail names it, so an ``edit`` or ``insert``
+writes that file and a ``goto`` or ``scroll_down`` shows it; before any such command, or after
+one that names no one file, the open file is unknown and an ``edit`` may have written anything.
 """
 
 from __future__ import annotations
@@ -44,11 +48,20 @@ import functools
 import posixpath
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from treellm.engine.repeats import CallTargets, ToolRule, call_targets
-from treellm.shell import DEFAULT_SHELL_TOOLS, ENVIRONMENT, CommandTargets, command_targets, command_text, paths_overlap
+from treellm.shell import (
+    DEFAULT_SHELL_TOOLS,
+    ENVIRONMENT,
+    CommandTargets,
+    EditorUse,
+    command_targets,
+    command_text,
+    editor_use,
+    paths_overlap,
+)
 from treellm.signature import parse_arguments
 
 __all__ = [
@@ -99,23 +112,30 @@ class CallFacts:
     command: str | None = None
     bodies: dict[str, str] = field(default_factory=dict)
     """Files whose text this call wrote from a heredoc (path -> text)."""
+    editor: tuple[EditorUse, str | None] | None = None
+    """How the command uses SWE-agent's editor (``treellm.shell.editor_use``)."""
+    opened: str | None = None
+    """The file open in SWE-agent's editor when this command wrote or showed it, when known
+    (the run's state: see the module docstring)."""
 
 
 def facts(tool: str, arguments: str | None, result_hash: str | None, *, failed: bool) -> CallFacts:
     """:class:`CallFacts` of a stored call (targets by the default rule of its tool)."""
-    targets, command, bodies = _read(tool, arguments)
-    return CallFacts(tool, arguments, result_hash, failed, targets, command, bodies)
+    targets, command, bodies, editor = _read(tool, arguments)
+    return CallFacts(tool, arguments, result_hash, failed, targets, command, bodies, editor)
 
 
 @functools.lru_cache(maxsize=16_384)
-def _read(tool: str, arguments: str | None) -> tuple[CallTargets, str | None, dict[str, str]]:
-    """(targets, shell command, heredoc bodies) of a call's arguments: the same text read once
-    (an agent's repeats are the same text; the bodies are shared, and read, never changed)."""
+def _read(
+    tool: str, arguments: str | None
+) -> tuple[CallTargets, str | None, dict[str, str], tuple[EditorUse, str | None] | None]:
+    """(targets, shell command, heredoc bodies, editor use) of a call's arguments: the same text
+    read once (an agent's repeats are the same text; the bodies are shared, and read, never changed)."""
     value = parse_arguments(arguments or "")
     command = command_text(value) if tool in DEFAULT_SHELL_TOOLS else None
     targets = CallTargets(None, None, True) if arguments is None else call_targets(_RULE, tool, value)
     bodies = {m[1].removeprefix("./"): m[3] for m in _HEREDOC.finditer(command)} if command else {}
-    return targets, command, bodies
+    return targets, command, bodies, editor_use(command) if command else None
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -129,6 +149,9 @@ def _targets(command: str) -> CommandTargets:
 
 def _touched(call: CallFacts) -> tuple[frozenset[str], frozenset[str]]:
     """(known reads, known writes) of a call."""
+    if call.opened is not None:
+        opened = frozenset({call.opened})
+        return opened, opened if call.editor is not None and call.editor[0] == "writes" else frozenset()
     if call.command is not None:
         found = _targets(call.command)
         return found.reads, found.writes
@@ -154,6 +177,8 @@ def _code_of(call: CallFacts, bodies: dict[str, str]) -> str | None:
 def _writes_of(call: CallFacts, bodies: dict[str, str]) -> tuple[frozenset[str], bool, bool]:
     """(paths written, whether more may be written, whether that "more" comes from a program
     that may write somewhere unnamed) of a call between."""
+    if call.opened is not None:
+        return _touched(call)[1], False, False
     if call.command is not None:
         found = _targets(call.command)
         if found.effect == "read":
@@ -200,6 +225,8 @@ def judge_repeat(
     shell = _targets(call.command) if call.command is not None else None
     reads = call.targets.reads if shell is None else (None if shell.reads_unknown else shell.reads)
     own = _touched(call)[1]
+    if call.opened is not None:
+        reads = _touched(call)[0]
     files = frozenset(_FILE_WORD.findall(call.command or "")) if reads is None else frozenset()
     known = bodies or {}
     for other in between:
@@ -284,9 +311,15 @@ def _run_repeats(calls: list[tuple[Any, ...]], parents: dict[str, str | None]) -
     bodies: dict[str, str] = {}
     seen_by_name: dict[str, list[str]] = {}  # paths read or written so far, by file name
     created: list[str] = []
+    opened: str | None = None  # the file open in SWE-agent's editor, when known
     out: list[tuple[Any, ...]] = []
     for i, call in enumerate(calls):
         trace_id, span_id, run_id, node_id, parent_id, tool, sig, ordinal, _s, _h, arguments, call_id = call
+        editor = made[i].editor
+        if editor is not None and editor[0] == "opens":
+            opened = None if made[i].failed else editor[1]
+        elif editor is not None and opened is not None:
+            made[i] = replace(made[i], opened=opened)
         earlier = seen_by_key.setdefault((tool, sig), []) if sig is not None else []  # unknown: equals none
         twin = next(
             (j for j in reversed(earlier)

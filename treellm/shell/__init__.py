@@ -20,17 +20,19 @@ from treellm.shell._effect import (
     command_text,
     line_window,
 )
-from treellm.shell.targets import ENVIRONMENT, CommandTargets, command_targets, paths_overlap
+from treellm.shell.targets import ENVIRONMENT, CommandTargets, EditorUse, command_targets, editor_use, paths_overlap
 
 __all__ = [
     "DEFAULT_SHELL_TOOLS",
     "ENVIRONMENT",
     "CommandTargets",
+    "EditorUse",
     "LineWindow",
     "ShellEffect",
     "classify_command",
     "command_targets",
     "command_text",
+    "editor_use",
     "line_window",
     "paths_overlap",
 ]

@@ -20,7 +20,10 @@ Contract:
   name the files; the files of ``cat``,
   ``sed -n``, ``head``, ``tail``, ``grep``, ``nl``, ``wc``, ``diff``, ``awk``, ``find``,
   ``ls``... A recursive search with no path reads ``.``. SWE-agent's file commands
-  (``open``, ``create``, ``str_replace_editor``) are read like programs.
+  (``open``, ``create``, ``str_replace_editor``) are read like programs. SWE-agent's editor
+  acts on the file it has open, which no command names: :func:`editor_use` says which
+  commands open a file and which write or show the open one; which file is open is the
+  run's state, followed by the caller.
 - Relative paths are joined onto a ``cd DIR`` earlier in the same command; after a
   ``cd`` that cannot be read (``cd $X``, ``cd -``) relative targets are ``None``.
   A glob stands for its directory (``rm build/*.o`` writes ``build``).
@@ -40,7 +43,7 @@ import posixpath
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
 
 from tree_sitter import Node
 
@@ -57,7 +60,7 @@ from treellm.shell._effect import (
     _word,
 )
 
-__all__ = ["ENVIRONMENT", "CommandTargets", "command_targets", "paths_overlap"]
+__all__ = ["ENVIRONMENT", "CommandTargets", "EditorUse", "command_targets", "editor_use", "paths_overlap"]
 
 Paths = frozenset[str] | None
 """Normalised paths, or None: cannot be known."""
@@ -669,3 +672,28 @@ def command_targets(command: str) -> CommandTargets:
     if worst == "read":
         return CommandTargets(worst, reads, _NOTHING, reads_unknown, False)
     return CommandTargets(worst, reads, writes, reads_unknown, writes_unknown, tuple(programs), writer_unknown)
+
+
+EditorUse = Literal["opens", "writes", "shows"]
+"""How a command uses SWE-agent's editor: opens a file, writes the open file, or shows it."""
+_EDITOR_USES: Final[dict[str, EditorUse]] = {
+    "open": "opens", "create": "opens", "edit": "writes", "insert": "writes",
+    "goto": "shows", "scroll_up": "shows", "scroll_down": "shows",
+}  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4096)
+def editor_use(command: str) -> tuple[EditorUse, str | None] | None:
+    """How ``command`` uses SWE-agent's editor, which acts on the one file it has open: ``("opens",
+    FILE)`` for ``open FILE [LINE]`` and ``create FILE`` (FILE None when the command names no one
+    file, or does more than that: the open file is then unknown), ``("writes", None)`` for ``edit``
+    and ``insert`` (they write the open file), ``("shows", None)`` for ``goto`` and ``scroll_up``
+    / ``scroll_down`` (they show part of it); None for any other command. Pure, never raises."""
+    words = command.split(None, 1)
+    use = _EDITOR_USES.get(words[0]) if words else None
+    if use != "opens":
+        return None if use is None else (use, None)
+    found = command_targets(command)
+    named = found.reads if words[0] == "open" else found.writes
+    one = len(named) == 1 and not found.programs and not found.reads_unknown and not found.writes_unknown
+    return "opens", next(iter(named)) if one else None
