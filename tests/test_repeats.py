@@ -575,3 +575,51 @@ def test_swe_agents_editor_commands_say_how_they_use_the_open_file(command: str,
     from treellm.shell import editor_use
 
     assert editor_use(command) == use
+
+
+def _on_line(parents: dict[str, str | None], node: str | None, end: str | None) -> bool:
+    """The definition, walked naively: ``node`` is ``end`` or one of its ancestors, on a line that
+    reaches a root (a line that runs into a cycle is no line)."""
+    if node is None or node == end:
+        return True
+    if end is None:
+        return False
+    seen: list[str] = []
+    current = parents.get(end) if end in parents else None
+    while current is not None:
+        if current in seen or current == end:
+            return False
+        seen.append(current)
+        current = parents.get(current)
+    return node in seen
+
+
+@given(st.data())
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_a_repeats_path_is_read_as_its_line_of_think_nodes_whatever_the_depth(data: st.DataObject) -> None:
+    from treellm.derive.repeats import _WALK, _Lines
+
+    size = data.draw(st.integers(1, 3 * _WALK))
+    nodes = [f"n{i}" for i in range(size)]
+    parents: dict[str, str | None] = {}
+    kinds = ["chain"] if data.draw(st.booleans()) else ["chain", "chain", "tree", "root", "outside", "any"]
+    for i, node in enumerate(nodes):
+        kind = data.draw(st.sampled_from(kinds))
+        if i == 0 or kind == "root":
+            parents[node] = None
+        elif kind == "chain":  # deep lines: a loop of many turns
+            parents[node] = nodes[i - 1]
+        elif kind == "tree":
+            parents[node] = nodes[data.draw(st.integers(0, i - 1))]
+        elif kind == "outside":  # a parent id that no think node is
+            parents[node] = "outside"
+        else:  # any node, itself or a later one: cycles
+            parents[node] = nodes[data.draw(st.integers(0, size - 1))]
+    if data.draw(st.booleans()):  # the first node's parent the last: the whole chain a cycle
+        parents[nodes[0]] = nodes[-1]
+    lines = _Lines(parents)
+    choices = [*nodes, "outside", "unknown", None]
+    asked = [(nodes[0], nodes[-1]), (nodes[-1], nodes[0])]
+    asked += [(data.draw(st.sampled_from(choices)), data.draw(st.sampled_from(choices))) for _ in range(60)]
+    for node, end in asked:
+        assert lines.on(node, end) == _on_line(parents, node, end), (node, end)

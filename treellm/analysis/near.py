@@ -18,7 +18,7 @@ import pandas as pd
 from treellm.analysis.filters import Filters, check_limit
 from treellm.derive.near import NEAR_KINDS, PAIR_COLUMNS, classify_commands, classify_pair, near_pairs
 from treellm.shell import DEFAULT_SHELL_TOOLS
-from treellm.store.backend import StoreConnection, as_connection, fetch_rows
+from treellm.store.backend import Connection, StoreConnection, as_connection, fetch_rows
 from treellm.store.views import NEAR_CALLS_SQL
 
 __all__ = ["classify_commands", "classify_pair", "near_repeat_pairs", "near_repeats", "near_repeats_by_tool"]
@@ -51,13 +51,21 @@ def near_repeats(
         frame = frame.astype(object).where(frame.notna(), None)
         frame["same_result"] = frame["same_result"].astype(bool)
         return frame.reset_index(drop=True)
+    pairs = _pairs(engine, where, params, similarity=similarity, shell_tools=shell_tools)
+    return pd.DataFrame(pairs if limit is None else pairs[:limit], columns=PAIR_COLUMNS)
+
+
+_KIND, _SAME, _RUN = (PAIR_COLUMNS.index(name) for name in ("kind", "same_result", "run_id"))
+
+
+def _pairs(
+    engine: Connection, where: str, params: list[Any], *, similarity: float, shell_tools: frozenset[str] | None
+) -> list[tuple[Any, ...]]:
+    """The pairs of the calls ``where`` keeps (rows of ``PAIR_COLUMNS``), judged over DuckDB, in
+    :func:`near_repeats` order: near repeats with the same result first, then by run (stable)."""
     rows = fetch_rows(engine, NEAR_CALLS_SQL.format(where=where), params)
-    frame = pd.DataFrame(near_pairs(rows, similarity=similarity, shell_tools=shell_tools), columns=PAIR_COLUMNS)
-    if frame.empty:
-        return frame
-    frame["_rank"] = ~(frame["kind"].eq("near") & frame["same_result"])
-    ordered = frame.sort_values(["_rank", "run_id"], kind="stable", ignore_index=True).drop(columns="_rank")
-    return ordered if limit is None else ordered.head(limit)
+    pairs = near_pairs(rows, similarity=similarity, shell_tools=shell_tools)
+    return sorted(pairs, key=lambda p: (not (p[_KIND] == "near" and p[_SAME]), p[_RUN]))
 
 
 _COUNTS: Final = ", ".join(
@@ -104,7 +112,8 @@ def near_repeats_by_tool(
         frame = counts[columns].astype({c: int for c in columns[1:-1]})
         frame["examples"] = [list(x)[: max(examples, 0)] for x in frame["examples"]]
         return frame.sort_values(["near_repeats", "tool"], ascending=[False, True], ignore_index=True)
-    return _near_by_tool(near_repeats(con, filters, similarity=similarity), examples)
+    where, params = (filters or Filters()).where("c")
+    return _near_by_tool(_pairs(engine, where, params, similarity=similarity, shell_tools=None), examples)
 
 
 def near_repeats_and_pairs(
@@ -116,25 +125,31 @@ def near_repeats_and_pairs(
     if as_connection(con).dialect == "clickhouse":
         return near_repeats_by_tool(con, filters, examples=examples), near_repeats(con, filters, limit=limit)
     check_limit(limit)
-    pairs = near_repeats(con, filters)
-    return _near_by_tool(pairs, examples), pairs.head(limit).reset_index(drop=True)
+    where, params = (filters or Filters()).where("c")
+    pairs = _pairs(as_connection(con), where, params, similarity=DEFAULT_SIMILARITY, shell_tools=None)
+    return _near_by_tool(pairs, examples), pd.DataFrame(pairs[:limit], columns=PAIR_COLUMNS)
 
 
-def _near_by_tool(pairs: pd.DataFrame, examples: int) -> pd.DataFrame:
+_TOOL, _DETAIL, _EARLIER, _ARGUMENTS = (
+    PAIR_COLUMNS.index(name) for name in ("tool", "detail", "earlier_arguments", "arguments")
+)
+
+
+def _near_by_tool(pairs: list[tuple[Any, ...]], examples: int) -> pd.DataFrame:
+    """Per tool, the counts and examples of ``pairs`` (in :func:`near_repeats` order)."""
     columns = _BY_TOOL_COLUMNS
-    if pairs.empty:
+    if not pairs:
         return pd.DataFrame(columns=columns)
     out: dict[str, dict[str, Any]] = defaultdict(lambda: {c: 0 for c in columns[1:-1]} | {"examples": []})
-    row: Any
-    for row in pairs.itertuples(index=False):
-        entry = out[row.tool]
-        if row.kind == "paging":
+    for row in pairs:
+        entry = out[row[_TOOL]]
+        if row[_KIND] == "paging":
             entry["paging"] += 1
             continue
-        entry[row.detail] += 1
+        entry[row[_DETAIL]] += 1
         entry["near_repeats"] += 1
-        entry["wasted"] += int(bool(row.same_result))
+        entry["wasted"] += int(bool(row[_SAME]))
         if len(entry["examples"]) < examples:
-            entry["examples"].append(f"{row.earlier_arguments} -> {row.arguments}")
+            entry["examples"].append(f"{row[_EARLIER]} -> {row[_ARGUMENTS]}")
     frame = pd.DataFrame([{"tool": tool, **values} for tool, values in out.items()], columns=columns)
     return frame.sort_values(["near_repeats", "tool"], ascending=[False, True], ignore_index=True)

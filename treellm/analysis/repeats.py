@@ -16,7 +16,7 @@ import pandas as pd
 
 from treellm.analysis.filters import Filters, check_limit
 from treellm.derive.repeats import CODE_WRITES, REPEAT_COLUMNS, CallFacts, judge_repeat, judge_runs
-from treellm.store.backend import StoreConnection, as_connection, fetch_rows
+from treellm.store.backend import Connection, StoreConnection, as_connection, fetch_rows
 from treellm.store.views import REPEAT_CALLS_SQL, REPEAT_NODES_SQL
 
 __all__ = [
@@ -75,14 +75,23 @@ def repeats(
         frame = frame.astype(object).where(frame.notna(), None)
         frame["counted"] = frame["counted"].astype(bool)
         return frame.reset_index(drop=True)
-    rows = load_calls(con, f, tools=tools)
+    kept = _judged(engine, f, tools)
+    return pd.DataFrame(kept if limit is None else kept[:limit], columns=REPEAT_COLUMNS)
+
+
+_TOOL, _OUTCOME, _COUNTED = (REPEAT_COLUMNS.index(name) for name in ("tool", "outcome", "counted"))
+
+
+def _judged(engine: Connection, f: Filters, tools: Collection[str] | None) -> list[tuple[Any, ...]]:
+    """Over DuckDB, the identical repeats (rows of ``REPEAT_COLUMNS``) that :func:`repeats` gives,
+    judged at query time."""
+    rows = load_calls(engine, f, tools=tools)
     if not rows:
-        return pd.DataFrame([], columns=REPEAT_COLUMNS)
+        return []
+    where, params = _where(f, tools)
     think = fetch_rows(engine, REPEAT_NODES_SQL.format(where=where), params)
     judged = judge_runs(rows, think)  # every tool of the runs chosen: the calls between count
-    tool = REPEAT_COLUMNS.index("tool")
-    kept = [r for r in judged if (f.tool is None or r[tool] == f.tool) and (tools is None or r[tool] in tools)]
-    return pd.DataFrame(kept if limit is None else kept[:limit], columns=REPEAT_COLUMNS)
+    return [r for r in judged if (f.tool is None or r[_TOOL] == f.tool) and (tools is None or r[_TOOL] in tools)]
 
 
 IDENTICAL_COLUMNS = [
@@ -110,7 +119,7 @@ def identical_repeats_by_tool(con: StoreConnection, filters: Filters | None = No
         where, params = (filters or Filters()).where("c")
         counts = engine.df(_BY_TOOL_SQL.format(where=where), params)
         return counts[IDENTICAL_COLUMNS].astype({c: int for c in IDENTICAL_COLUMNS[1:]}).reset_index(drop=True)
-    return _identical_by_tool(repeats(con, filters))
+    return _identical_by_tool(_judged(engine, filters or Filters(), None))
 
 
 def identical_repeats_and_rows(
@@ -122,19 +131,24 @@ def identical_repeats_and_rows(
     if as_connection(con).dialect == "clickhouse":
         return identical_repeats_by_tool(con, filters), repeats(con, filters, limit=limit)
     check_limit(limit)
-    frame = repeats(con, filters)
-    return _identical_by_tool(frame), frame.head(limit).reset_index(drop=True)
+    judged = _judged(as_connection(con), filters or Filters(), None)
+    return _identical_by_tool(judged), pd.DataFrame(judged[:limit], columns=REPEAT_COLUMNS)
 
 
-def _identical_by_tool(frame: pd.DataFrame) -> pd.DataFrame:
-    if frame.empty:
-        return pd.DataFrame([], columns=IDENTICAL_COLUMNS)
-    counted = frame["counted"].astype(bool)
-    wasted = frame["outcome"] == "wasted"
-    grouped = frame.assign(
-        productive=frame["outcome"] == "productive", wasted=wasted, unknown=frame["outcome"] == "unknown",
-        counted=counted, counted_wasted=counted & wasted, n=1,
-    ).groupby("tool", sort=True, dropna=False)  # fmt: skip
-    out = grouped[["n", "productive", "wasted", "unknown", "counted", "counted_wasted"]].sum().reset_index()
-    out.columns = IDENTICAL_COLUMNS
-    return out.astype({c: int for c in IDENTICAL_COLUMNS[1:]})
+def _identical_by_tool(judged: list[tuple[Any, ...]]) -> pd.DataFrame:
+    """Per tool (sorted; a call that names no tool last), the counts of ``IDENTICAL_COLUMNS``."""
+    counts: dict[Any, list[int]] = {}
+    for row in judged:
+        entry = counts.get(row[_TOOL])
+        if entry is None:
+            entry = counts[row[_TOOL]] = [0, 0, 0, 0, 0, 0]
+        outcome, counted = row[_OUTCOME], bool(row[_COUNTED])
+        entry[0] += 1
+        entry[1] += outcome == "productive"
+        entry[2] += outcome == "wasted"
+        entry[3] += outcome == "unknown"
+        entry[4] += counted
+        entry[5] += counted and outcome == "wasted"
+    named = sorted(tool for tool in counts if tool is not None)
+    order = named + ([None] if None in counts else [])
+    return pd.DataFrame([[tool, *counts[tool]] for tool in order], columns=IDENTICAL_COLUMNS)

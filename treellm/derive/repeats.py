@@ -253,21 +253,49 @@ def judge_repeat(
     return "wasted", "same result as its twin; nothing it reads was written between"
 
 
+_WALK: Final = 64
+"""A line up to this deep is read by walking up its parents; a deeper one (a loop of many turns)
+or a cycle numbers the whole run once (:class:`_Lines`)."""
+
+
 class _Lines:
-    """Which think nodes lie on a path, in constant time: a run's think nodes (and the parent ids
-    they name that are not among them) numbered in pre- and post-order, so ``a`` is on the line
-    that ends at ``b`` (an ancestor of ``b``, or ``b``) when ``pre[a] <= pre[b]`` and
-    ``post[b] <= post[a]``. Linear in the nodes, whatever the depth (a loop of 20,000 turns is a
-    path 20,000 deep: a set of ancestors per node would be quadratic)."""
+    """Which think nodes lie on a path: ``a`` is on the line that ends at ``b`` when it is an
+    ancestor of ``b``, or ``b``. Asked a few times per run, so a line is first read by walking up
+    from ``b`` (at most :data:`_WALK` parents, kept per ``b``); a deeper line or a cycle numbers
+    the run's think nodes (and the parent ids they name that are not among them) in pre- and
+    post-order, once, so ``a`` is on the line when ``pre[a] <= pre[b]`` and ``post[b] <=
+    post[a]``. Linear in the nodes whatever the depth (a loop of 20,000 turns is a path 20,000
+    deep: a set of ancestors per node would be quadratic), and nothing for a run asked little."""
 
     def __init__(self, parents: dict[str, str | None]) -> None:
+        self.parents = parents
+        self.up: dict[str, frozenset[str]] = {}
+        self.pre: dict[str, int] | None = None
+        self.post: dict[str, int] = {}
+
+    def _walk(self, end: str) -> frozenset[str] | None:
+        """The ancestors of ``end``, or None when its line is deeper than :data:`_WALK` or
+        reaches a cycle."""
+        parents = self.parents
+        if end not in parents:  # a parent id no think node is: a root of its own
+            return frozenset()
+        line: list[str] = []
+        node = parents[end]
+        while node is not None:
+            if len(line) == _WALK:
+                return None
+            line.append(node)
+            node = parents.get(node)
+        return frozenset(line)
+
+    def _number(self) -> dict[str, int]:
         children: dict[str | None, list[str]] = {}
-        for node, parent in parents.items():
+        for node, parent in self.parents.items():
             children.setdefault(parent, []).append(node)
         roots = children.setdefault(None, [])
-        roots.extend({p for p in parents.values() if p is not None and p not in parents})
+        roots.extend({p for p in self.parents.values() if p is not None and p not in self.parents})
         pre: dict[str, int] = {}
-        post: dict[str, int] = {}
+        post = self.post
         counter = 0
         stack: list[tuple[str, bool]] = [(root, False) for root in roots]
         while stack:  # any order of children numbers the same lines
@@ -285,7 +313,8 @@ class _Lines:
             counter += 1
             stack.append((node, True))
             stack.extend((child, False) for child in kids)
-        self.pre, self.post = pre, post
+        self.pre = pre
+        return pre
 
     def on(self, node: str | None, end: str | None) -> bool:
         """Whether ``node`` (None: the run itself) is on the line from the run to ``end``. A node
@@ -294,17 +323,49 @@ class _Lines:
             return True
         if end is None:
             return False
-        first, last = self.pre.get(node), self.pre.get(end)
+        pre = self.pre
+        if pre is None:
+            line = self.up.get(end)
+            if line is None:
+                line = self._walk(end)
+                if line is not None:
+                    self.up[end] = line
+                    return node in line
+                pre = self._number()
+            else:
+                return node in line
+        first, last = pre.get(node), pre.get(end)
         if first is None or last is None:
             return False
         return first <= last and self.post[end] <= self.post[node]
 
 
-def _run_repeats(calls: list[tuple[Any, ...]], parents: dict[str, str | None]) -> list[tuple[Any, ...]]:
+_FACTS_KEPT: Final = 65_536
+""":func:`judge_runs` shares one :class:`CallFacts` between the calls of equal tool, arguments,
+result and failure, keeping at most this many (a value, never changed)."""
+
+
+def _facts_of(calls: list[tuple[Any, ...]], known: dict[tuple[Any, ...], CallFacts]) -> list[CallFacts]:
+    """The :class:`CallFacts` of each call, those already in ``known`` shared (and kept there)."""
+    if len(known) > _FACTS_KEPT:
+        known.clear()
+    made = []
+    for c in calls:
+        key = (c[5], c[10], c[9], c[8] == "failed")
+        found = known.get(key)
+        if found is None:
+            found = known[key] = facts(c[5], c[10], c[9], failed=key[3])
+        made.append(found)
+    return made
+
+
+def _run_repeats(
+    calls: list[tuple[Any, ...]], parents: dict[str, str | None], known: dict[tuple[Any, ...], CallFacts]
+) -> list[tuple[Any, ...]]:
     """The identical repeats of one run's calls (in time order). A call's identical calls on its
     line are its twin's and its twin (the twin's line is part of its own): found once each, so a
     loop of k identical calls costs k steps, not k²/2."""
-    made = [facts(c[5], c[10], c[9], failed=c[8] == "failed") for c in calls]
+    made = _facts_of(calls, known)
     lines = _Lines(parents)
     seen_by_key: dict[tuple[str, str], list[int]] = {}
     identical: dict[int, int] = {}  # call -> how many identical calls are on its line before it
@@ -365,6 +426,7 @@ def judge_runs(calls: Iterable[tuple[Any, ...]], think: Iterable[tuple[str, str,
     for row in calls:
         by_run.setdefault(row[2], []).append(row)
     out: list[tuple[Any, ...]] = []
+    known: dict[tuple[Any, ...], CallFacts] = {}
     for run_id, run_calls in by_run.items():
-        out.extend(_run_repeats(run_calls, parents.get(run_id, {})))
+        out.extend(_run_repeats(run_calls, parents.get(run_id, {}), known))
     return out
