@@ -37,9 +37,10 @@ from treellm.store.ingest import IngestReport
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = sorted((ROOT / "sample_traces").glob("*.jsonl"))
 # other frameworks' traces (recorded through their real instrumentors), tau-bench and any-agent
-# traces and mini-swe-agent trajectories: what `treellm ingest --clickhouse` writes for them
+# traces, mini-swe-agent and SWE-agent trajectories: what `treellm ingest --clickhouse` writes for them
 FOREIGN = [ROOT / "tests" / "data" / "external", ROOT / "tests" / "data" / "frameworks",
            *sorted(p for p in (ROOT / "tests" / "data" / "mini-swe-agent").iterdir() if p.is_dir()),
+           *sorted((ROOT / "tests" / "data" / "swe-agent").glob("*.traj")),
            *sorted((ROOT / "sample_traces").glob("real_*.json"))]  # fmt: skip
 
 FRAMES = [

@@ -369,3 +369,32 @@ def test_swe_agents_edit_writes_the_file_its_editor_has_open(tmp_path: Path) -> 
          ("edit 40:40\nz\nend_of_edit", "ok"), ("goto 40", "40:x")],
     )  # fmt: skip
     assert [(c, o) for c, o, _ in views] == [("open a.py", "wasted"), ("goto 40", "wasted"), ("goto 40", "productive")]
+
+
+LISTED = "AUTHORS.rst\nREADME.rst\ndocs/\nsetup.py\nsrc/\n"
+
+
+def test_a_listing_that_differs_only_by_the_agents_own_new_files_is_wasted(tmp_path: Path) -> None:
+    """A listing of names again, after the agent made a file: the one new name is its own."""
+    own = _judged(
+        tmp_path, "own",
+        [("ls -F", LISTED), ("create reproduce.py", "[File: reproduce.py (1 lines total)]"),
+         ("python reproduce.py", "344"), ("ls -F", LISTED.replace("setup.py", "reproduce.py\nsetup.py"))],
+    )  # fmt: skip
+    assert own == [("ls -F", "wasted", "lists only the agent's own new files beyond its twin's listing (reproduce.py)")]
+    # columns as a terminal prints them: the names count, not their layout
+    columns = _judged(
+        tmp_path, "columns",
+        [("ls", "AUTHORS.rst  docs  setup.py"), ("touch notes.txt", ""),
+         ("ls", "AUTHORS.rst  docs\nnotes.txt  setup.py")],
+    )  # fmt: skip
+    assert [(c, o) for c, o, _ in columns] == [("ls", "wasted")]
+    # a name the agent did not make (an install's), a long listing, or no listing: a new result
+    for name, steps in {
+        "installed": [("ls -F", LISTED), ("create r.py", "[File: r.py]"), ("pip install -e .", "ok"),
+                      ("ls -F", LISTED + "build/\nr.py\n")],
+        "long": [("ls -la", "total 8\n-rw-r--r-- 1 a a 10 setup.py"), ("create r.py", "[File: r.py]"),
+                 ("ls -la", "total 12\n-rw-r--r-- 1 a a 10 setup.py\n-rw-r--r-- 1 a a 0 r.py")],
+        "grep": [("grep -r x .", "a.py:x"), ("create r.py", "[File: r.py]"), ("grep -r x .", "a.py:x\nr.py")],
+    }.items():  # fmt: skip
+        assert _judged(tmp_path, name, steps)[0][1:] == ("productive", "a new result: differs from its twin's"), name

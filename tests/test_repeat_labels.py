@@ -119,9 +119,9 @@ def test_wasted_precision_and_recall_on_hand_labelled_repeats(judged: dict[str, 
     precision, recall = _score(len(called & wasted), len(called), len(wasted))
     assert len(wasted) >= 7 and len(called) >= 4
     assert precision >= 0.9, (precision, len(called & wasted), len(called))
-    # the SWE-agent set's misses are directory listings that differ only by the agent's own new
-    # file (see LABELS.md there); its editor's `edit` writes the file the run last opened
-    floor = {"mini-swe-agent": 0.7, "swe-agent": 0.7}[judged["set"]]
+    # SWE-agent's editor's `edit` writes the file the run last opened, and a listing that differs
+    # only by the agent's own new file shows it nothing new (see LABELS.md there)
+    floor = {"mini-swe-agent": 0.7, "swe-agent": 0.9}[judged["set"]]
     assert recall >= floor, (recall, len(called & wasted), len(wasted))
 
 

@@ -623,3 +623,19 @@ def test_a_repeats_path_is_read_as_its_line_of_think_nodes_whatever_the_depth(da
     asked += [(data.draw(st.sampled_from(choices)), data.draw(st.sampled_from(choices))) for _ in range(60)]
     for node, end in asked:
         assert lines.on(node, end) == _on_line(parents, node, end), (node, end)
+
+
+@pytest.mark.parametrize(
+    ("command", "names_only"),
+    [
+        ("ls", True), ("ls -F", True), ("ls -F\n", True), ("ls -a src tests", True), ("ls -1 /testbed/src", True),
+        ("ls ./src", True), ("ls -F -a", True),
+        # a long format prints sizes and times; a pipe, a glob or a second command print other things
+        ("ls -la", False), ("ls -l src", False), ("ls -s", False), ("ls | head", False), ("ls *.py", False),
+        ("ls && cat x", False), ("lsof", False), ("ls $DIR", False),
+    ],
+)  # fmt: skip
+def test_a_listing_of_names_only_is_told_apart(command: str, names_only: bool) -> None:
+    from treellm.shell import lists_names
+
+    assert lists_names(command) is names_only

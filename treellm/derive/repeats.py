@@ -36,7 +36,9 @@ path literals of that code), or is a known writer whose targets cannot be named
 (``git stash``, an editor's ``edit``): a program that may write somewhere unnamed may
 have written anything, but the identical text is the evidence that it did not touch
 what the read shows (unless the repeat itself writes, a restore after such a program).
-SWE-agent's editor acts on the file it has open (``treellm.shell.editor_use``): the run's
+A listing of names (``ls``, ``ls -F``: ``treellm.shell.lists_names``) whose result differs from
+its twin's only by names of files the agent created in the run (its scratch files: ``reproduce.py``)
+shows it nothing new: wasted. SWE-agent's editor acts on the file it has open (``treellm.shell.editor_use``): the run's
 last ``open FILE`` or ``create FILE`` that did not fail names it, so an ``edit`` or ``insert``
 writes that file and a ``goto`` or ``scroll_down`` shows it; before any such command, or after
 one that names no one file, the open file is unknown and an ``edit`` may have written anything.
@@ -47,6 +49,7 @@ from __future__ import annotations
 import functools
 import posixpath
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
@@ -60,6 +63,7 @@ from treellm.shell import (
     command_targets,
     command_text,
     editor_use,
+    lists_names,
     paths_overlap,
 )
 from treellm.signature import parse_arguments
@@ -205,6 +209,23 @@ def _short(text: str | None) -> str:
     return line if len(line) <= 60 else line[:57] + "..."
 
 
+_LISTED_MARK: Final = "/*@=|"
+"""What ``ls -F`` appends to a name (a directory, an executable, a link, a socket, a pipe)."""
+
+
+def _own_names(listed: str | None, before: str | None, created: Sequence[str]) -> list[str] | None:
+    """The names by which the listing ``listed`` differs from ``before``, when every one of them
+    names a file the agent created in the run (a name's ``ls -F`` mark dropped), else None."""
+    if listed is None or before is None:
+        return None
+    now, then = Counter(listed.split()), Counter(before.split())
+    differ = sorted((now - then) + (then - now))
+    own = {_name(path) for path in created}
+    if not differ or any(name[:-1] not in own if name[-1] in _LISTED_MARK else name not in own for name in differ):
+        return None
+    return differ
+
+
 def judge_repeat(
     call: CallFacts,
     twin: CallFacts,
@@ -212,15 +233,21 @@ def judge_repeat(
     *,
     bodies: dict[str, str] | None = None,
     created: Sequence[str] = (),
+    listings: tuple[str | None, str | None] = (None, None),
 ) -> tuple[str, str]:
     """(outcome, reason) of an identical repeat, given its twin and the calls between them on
     its path (pure: the rule of the module docstring). ``bodies``: scripts written in the run
-    (path -> text); ``created``: the paths the agent created in the run (its scratch files)."""
+    (path -> text); ``created``: the paths the agent created in the run (its scratch files);
+    ``listings``: the results of the call and its twin when they may list names."""
     if call.result_hash is None or twin.result_hash is None:
         return "unknown", "no captured result for this call or its twin"
     if twin.failed and not call.failed:
         return "productive", "its twin failed; this one succeeded (a retry that worked)"
     if call.result_hash != twin.result_hash:
+        own = _own_names(*listings, created) if call.command is not None and lists_names(call.command) else None
+        if own is not None:
+            names = ", ".join(own[:3]) + (f" and {len(own) - 3} more" if len(own) > 3 else "")
+            return "wasted", f"lists only the agent's own new files beyond its twin's listing ({names})"
         return "productive", "a new result: differs from its twin's"
     shell = _targets(call.command) if call.command is not None else None
     reads = call.targets.reads if shell is None else (None if shell.reads_unknown else shell.reads)
@@ -375,7 +402,7 @@ def _run_repeats(
     opened: str | None = None  # the file open in SWE-agent's editor, when known
     out: list[tuple[Any, ...]] = []
     for i, call in enumerate(calls):
-        trace_id, span_id, run_id, node_id, parent_id, tool, sig, ordinal, _s, _h, arguments, call_id = call
+        trace_id, span_id, run_id, node_id, parent_id, tool, sig, ordinal, _s, _h, arguments, call_id = call[:12]
         editor = made[i].editor
         if editor is not None and editor[0] == "opens":
             opened = None if made[i].failed else editor[1]
@@ -390,7 +417,10 @@ def _run_repeats(
         identical[i] = 0 if twin is None else identical[twin] + 1
         if twin is not None:
             between = [made[j] for j in range(twin + 1, i) if lines.on(calls[j][4], parent_id)]
-            outcome, reason = judge_repeat(made[i], made[twin], between, bodies=bodies, created=created)
+            listings = (call[12], calls[twin][12]) if len(call) > 12 else (None, None)
+            outcome, reason = judge_repeat(
+                made[i], made[twin], between, bodies=bodies, created=created, listings=listings
+            )
             counted = ordinal is not None and int(ordinal) >= 2
             out.append(
                 (trace_id, span_id, run_id, node_id, tool, call_id, None if ordinal is None else int(ordinal),
@@ -417,7 +447,8 @@ def judge_runs(calls: Iterable[tuple[Any, ...]], think: Iterable[tuple[str, str,
     """Every identical repeat (a row of :data:`REPEAT_COLUMNS`) of the ``calls``, in the order of
     the calls (pure). ``calls``: executed calls in run and time order, each (trace_id, span_id,
     run_id, node_id, parent_id, tool, signature, ordinal, status, result_hash, arguments,
-    call_id), every call of each run they hold; ``think``: those runs' think nodes as (run_id,
+    call_id[, listing]: the result of a call that may list names), every call of each run they
+    hold; ``think``: those runs' think nodes as (run_id,
     node_id, parent_id), so a repeat's path is known."""
     parents: dict[str, dict[str, str | None]] = {}
     for run_id, node_id, parent_id in think:

@@ -20,7 +20,15 @@ from treellm.shell._effect import (
     command_text,
     line_window,
 )
-from treellm.shell.targets import ENVIRONMENT, CommandTargets, EditorUse, command_targets, editor_use, paths_overlap
+from treellm.shell.targets import (
+    ENVIRONMENT,
+    CommandTargets,
+    EditorUse,
+    command_targets,
+    editor_use,
+    lists_names,
+    paths_overlap,
+)
 
 __all__ = [
     "DEFAULT_SHELL_TOOLS",
@@ -34,5 +42,6 @@ __all__ = [
     "command_text",
     "editor_use",
     "line_window",
+    "lists_names",
     "paths_overlap",
 ]

@@ -60,7 +60,9 @@ from treellm.shell._effect import (
     _word,
 )
 
-__all__ = ["ENVIRONMENT", "CommandTargets", "EditorUse", "command_targets", "editor_use", "paths_overlap"]
+__all__ = [
+    "ENVIRONMENT", "CommandTargets", "EditorUse", "command_targets", "editor_use", "lists_names", "paths_overlap",
+]  # fmt: skip
 
 Paths = frozenset[str] | None
 """Normalised paths, or None: cannot be known."""
@@ -697,3 +699,15 @@ def editor_use(command: str) -> tuple[EditorUse, str | None] | None:
     named = found.reads if words[0] == "open" else found.writes
     one = len(named) == 1 and not found.programs and not found.reads_unknown and not found.writes_unknown
     return "opens", next(iter(named)) if one else None
+
+
+_NAME_LISTING: Final = re.compile(r"ls(?:\s+-[aAFp1CxrtSUXdR]+)*(?:\s+[\w./][\w./-]*)*")
+"""``ls`` with options that print names only (no long format: no ``-l``, ``-s``, ``-n``...) of
+plain paths, alone."""
+
+
+def lists_names(command: str) -> bool:
+    """Whether ``command`` is a plain ``ls`` that prints names only, so that its output is the
+    set of names of what it lists (``ls``, ``ls -F src``, ``ls -a``; never ``ls -la``, a pipe,
+    a glob or a second command)."""
+    return _NAME_LISTING.fullmatch(command.strip()) is not None

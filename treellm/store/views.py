@@ -248,7 +248,7 @@ REPEAT_CALLS_SQL: Final = (
     _RUNS_WITH
     + """
 SELECT c.trace_id, c.span_id, c.run_id, c.node_id, c.parent_id, c.tool, c.signature, c.ordinal, c.status,
-       c.result_hash, c.arguments, c.call_id
+       c.result_hash, c.arguments, c.call_id, CASE WHEN c.arguments LIKE '%"ls%' THEN c.result END AS listing
 FROM calls c
 WHERE c.run_id IN (SELECT run_id FROM runs_with)
 ORDER BY c.run_id, c.start_ns, c.span_id
@@ -256,7 +256,8 @@ ORDER BY c.run_id, c.start_ns, c.span_id
 )
 """Every executed call of the runs whose calls that ``{where}`` keeps (alias ``c``) hold an
 identical signature twice, in run and time order: what the identical-repeat judgement reads
-(:func:`treellm.derive.repeats.judge_runs`)."""
+(:func:`treellm.derive.repeats.judge_runs`); ``listing`` is the result of a call whose arguments
+may hold an ``ls`` command (the judgement reads which names a listing shows)."""
 REPEAT_NODES_SQL: Final = (
     _RUNS_WITH
     + """
