@@ -244,9 +244,9 @@ def judge_repeat(
     if twin.failed and not call.failed:
         return "productive", "its twin failed; this one succeeded (a retry that worked)"
     if call.result_hash != twin.result_hash:
-        own = _own_names(*listings, created) if call.command is not None and lists_names(call.command) else None
-        if own is not None:
-            names = ", ".join(own[:3]) + (f" and {len(own) - 3} more" if len(own) > 3 else "")
+        listed = _own_names(*listings, created) if call.command is not None and lists_names(call.command) else None
+        if listed is not None:
+            names = ", ".join(listed[:3]) + (f" and {len(listed) - 3} more" if len(listed) > 3 else "")
             return "wasted", f"lists only the agent's own new files beyond its twin's listing ({names})"
         return "productive", "a new result: differs from its twin's"
     shell = _targets(call.command) if call.command is not None else None
