@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -245,6 +244,9 @@ def test_merge_rule_takes_each_field_the_file_sets() -> None:
         ("Error: no such file", True),
         ("  error: bad flag", True),
         ("no Error: in the middle", False),
+        # SWE-agent's editor refusing an edit its linter rejected
+        ("Your proposed edit has introduced new syntax error(s).\nYour changes have NOT been applied.", True),
+        ("File updated. Please review the changes.", False),
         ('{"error": "not found"}', True),
         ('{"status": 404, "error": {"code": 1}}', True),
         ('{"data": {"x": 1}, "error": "late"}', True),
@@ -273,12 +275,12 @@ def test_raised_and_status_errors_always_fail_and_a_custom_rule_replaces_the_def
     assert is_failure(both, "WARN x") and is_failure(both, "Error: y")
 
 
-def test_the_default_failure_rule_is_fast_on_large_hostile_text() -> None:
+def test_the_default_failure_rule_reads_large_hostile_text() -> None:
+    """Text that makes a backtracking pattern take exponential time: the rule answers (no clock
+    here: such a pattern would never end, and the suite with it)."""
     texts = ["{" + '"a": "' * 20_000, '{"a": {' * 20_000, "{" + '"a\\' * 30_000, "x" * 200_000]
-    start = time.perf_counter()
     for text in texts:
         assert not is_failure(ToolRule(), text)
-    assert time.perf_counter() - start < 2.0
 
 
 def test_a_custom_error_when_fails_a_call_in_the_engine_and_the_guard() -> None:

@@ -36,12 +36,13 @@ path literals of that code), or is a known writer whose targets cannot be named
 (``git stash``, an editor's ``edit``): a program that may write somewhere unnamed may
 have written anything, but the identical text is the evidence that it did not touch
 what the read shows (unless the repeat itself writes, a restore after such a program).
-A listing of names (``ls``, ``ls -F``: ``treellm.shell.lists_names``) whose result differs from
-its twin's only by names of files the agent created in the run (its scratch files: ``reproduce.py``)
-shows it nothing new: wasted. SWE-agent's editor acts on the file it has open (``treellm.shell.editor_use``): the run's
-last ``open FILE`` or ``create FILE`` that did not fail names it, so an ``edit`` or ``insert``
-writes that file and a ``goto`` or ``scroll_down`` shows it; before any such command, or after
-one that names no one file, the open file is unknown and an ``edit`` may have written anything.
+A listing of names (``ls``, ``ls -F``: ``treellm.shell.lists_names``) whose result differs
+from its twin's only by names of files the agent created in the run (its scratch files:
+``reproduce.py``) shows it nothing new: wasted. SWE-agent's editor acts on the file it has open
+(``treellm.shell.editor_use``): the run's last ``open FILE`` or ``create FILE`` that did not fail
+names it, so an ``edit`` or ``insert`` writes that file and a ``goto`` or ``scroll_down`` shows
+it; before any such command, or after one that names no one file, the open file is unknown and
+an ``edit`` may have written anything.
 """
 
 from __future__ import annotations
@@ -448,8 +449,8 @@ def judge_runs(calls: Iterable[tuple[Any, ...]], think: Iterable[tuple[str, str,
     the calls (pure). ``calls``: executed calls in run and time order, each (trace_id, span_id,
     run_id, node_id, parent_id, tool, signature, ordinal, status, result_hash, arguments,
     call_id[, listing]: the result of a call that may list names), every call of each run they
-    hold; ``think``: those runs' think nodes as (run_id,
-    node_id, parent_id), so a repeat's path is known."""
+    hold; ``think``: those runs' think nodes as (run_id, node_id, parent_id), so a repeat's path
+    is known."""
     parents: dict[str, dict[str, str | None]] = {}
     for run_id, node_id, parent_id in think:
         parents.setdefault(run_id, {})[node_id] = parent_id

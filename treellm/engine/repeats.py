@@ -102,6 +102,8 @@ DEFAULT_ERROR_WHEN: tuple[str, ...] = (
     r"Traceback \(most recent call last\):",
     # a leading "Error:" / "error:"
     r"\A\s*[Ee]rror:",
+    # an editor that refused the change (SWE-agent's linter: "Your changes have NOT been applied")
+    r"\bchanges have NOT been applied\b",
     # a JSON object with a top-level "error" key (after at most one level of nested objects)
     # whose value is not null, false or empty
     r'\A\s*\{(?:[^{}"]|"(?:[^"\\]|\\.)*"|\{(?:[^{}"]|"(?:[^"\\]|\\.)*")*\})*?'

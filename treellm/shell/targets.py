@@ -23,7 +23,8 @@ Contract:
   (``open``, ``create``, ``str_replace_editor``) are read like programs. SWE-agent's editor
   acts on the file it has open, which no command names: :func:`editor_use` says which
   commands open a file and which write or show the open one; which file is open is the
-  run's state, followed by the caller.
+  run's state, followed by the caller. :func:`lists_names` tells a plain ``ls`` (names only)
+  apart, whose output a caller may compare name by name.
 - Relative paths are joined onto a ``cd DIR`` earlier in the same command; after a
   ``cd`` that cannot be read (``cd $X``, ``cd -``) relative targets are ``None``.
   A glob stands for its directory (``rm build/*.o`` writes ``build``).
