@@ -406,7 +406,13 @@ _FINDERS: list[Callable[[str], list[Span]]] = [
 
 
 def secret_spans(text: str) -> list[Span]:
-    """The ``(start, end)`` ranges of ``text`` to mask, sorted and merged (free-text patterns only)."""
+    """The ``(start, end)`` ranges of ``text`` to mask, sorted and merged (free-text patterns
+    only): none for a text :func:`may_hold_secret` skips, without running the patterns."""
+    return _spans(text) if may_hold_secret(text) else []
+
+
+def _spans(text: str) -> list[Span]:
+    """:func:`secret_spans` by every pattern (no prefilter)."""
     if len(text) < 8:
         return []
     found = sorted(span for find in _FINDERS for span in find(text))
