@@ -635,6 +635,7 @@ def test_a_repeats_path_is_read_as_its_line_of_think_nodes_whatever_the_depth(da
         # a long format prints sizes and times; a pipe, a glob or a second command print other things
         ("ls -la", False), ("ls -l src", False), ("ls -s", False), ("ls | head", False), ("ls *.py", False),
         ("ls && cat x", False), ("lsof", False), ("ls $DIR", False),
+        ("  ls -F", False),  # a listing starts the command: the store's prefilter looks for `"ls`
     ],
 )  # fmt: skip
 def test_a_listing_of_names_only_is_told_apart(command: str, names_only: bool) -> None:

@@ -403,7 +403,7 @@ def _run_repeats(
     opened: str | None = None  # the file open in SWE-agent's editor, when known
     out: list[tuple[Any, ...]] = []
     for i, call in enumerate(calls):
-        trace_id, span_id, run_id, node_id, parent_id, tool, sig, ordinal, _s, _h, arguments, call_id = call[:12]
+        trace_id, span_id, run_id, node_id, parent_id, tool, sig, ordinal, _s, _h, arguments, call_id, listing = call
         editor = made[i].editor
         if editor is not None and editor[0] == "opens":
             opened = None if made[i].failed else editor[1]
@@ -418,9 +418,8 @@ def _run_repeats(
         identical[i] = 0 if twin is None else identical[twin] + 1
         if twin is not None:
             between = [made[j] for j in range(twin + 1, i) if lines.on(calls[j][4], parent_id)]
-            listings = (call[12], calls[twin][12]) if len(call) > 12 else (None, None)
             outcome, reason = judge_repeat(
-                made[i], made[twin], between, bodies=bodies, created=created, listings=listings
+                made[i], made[twin], between, bodies=bodies, created=created, listings=(listing, calls[twin][12])
             )
             counted = ordinal is not None and int(ordinal) >= 2
             out.append(
@@ -448,7 +447,7 @@ def judge_runs(calls: Iterable[tuple[Any, ...]], think: Iterable[tuple[str, str,
     """Every identical repeat (a row of :data:`REPEAT_COLUMNS`) of the ``calls``, in the order of
     the calls (pure). ``calls``: executed calls in run and time order, each (trace_id, span_id,
     run_id, node_id, parent_id, tool, signature, ordinal, status, result_hash, arguments,
-    call_id[, listing]: the result of a call that may list names), every call of each run they
+    call_id, listing: the result of a call that may list names), every call of each run they
     hold; ``think``: those runs' think nodes as (run_id, node_id, parent_id), so a repeat's path
     is known."""
     parents: dict[str, dict[str, str | None]] = {}

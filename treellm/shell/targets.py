@@ -710,5 +710,6 @@ plain paths, alone."""
 def lists_names(command: str) -> bool:
     """Whether ``command`` is a plain ``ls`` that prints names only, so that its output is the
     set of names of what it lists (``ls``, ``ls -F src``, ``ls -a``; never ``ls -la``, a pipe,
-    a glob or a second command)."""
-    return _NAME_LISTING.fullmatch(command.strip()) is not None
+    a glob or a second command). The command starts with ``ls``: a store finds the calls that
+    may list names by ``"ls`` in their argument text (``treellm.store.views.REPEAT_CALLS_SQL``)."""
+    return _NAME_LISTING.fullmatch(command.rstrip()) is not None

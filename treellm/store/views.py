@@ -256,8 +256,9 @@ ORDER BY c.run_id, c.start_ns, c.span_id
 )
 """Every executed call of the runs whose calls that ``{where}`` keeps (alias ``c``) hold an
 identical signature twice, in run and time order: what the identical-repeat judgement reads
-(:func:`treellm.derive.repeats.judge_runs`); ``listing`` is the result of a call whose arguments
-may hold an ``ls`` command (the judgement reads which names a listing shows)."""
+(:func:`treellm.derive.repeats.judge_runs`); ``listing`` is the result of a call whose argument
+text holds a value that starts with ``ls``, every call that :func:`treellm.shell.lists_names` can
+call a listing among them (the judgement reads which names a listing shows)."""
 REPEAT_NODES_SQL: Final = (
     _RUNS_WITH
     + """
