@@ -21,6 +21,7 @@ from treellm.analysis import (
     classify_pair,
     cost_by_tool,
     limits_toml,
+    near_repeats,
     near_repeats_by_tool,
     prune_rate_by_model,
     prune_rate_by_tool,
@@ -225,6 +226,30 @@ def record(tmp_path: Path, turns: list[ModelTurn], config: TreeConfig, tools: li
 
 async def same(args: dict[str, Any]) -> str:
     return "the same result"
+
+
+def test_near_repeats_pair_each_call_with_the_one_before_it_of_its_tool_outside_its_turn(tmp_path: Path) -> None:
+    def search(limit: int) -> ToolCall:
+        return ToolCall("search", {"q": "x", "limit": limit})
+
+    turns = [
+        ModelTurn(tool_calls=[search(9)]),
+        ModelTurn(tool_calls=[search(10), search(11)]),  # one turn: the second is no repeat of the first
+        ModelTurn(tool_calls=[ToolCall("fetch", {"u": 1})]),  # another tool between: blocked by tool
+        ModelTurn(tool_calls=[search(12)]),
+        ModelTurn(tool_calls=[search(12)]),  # identical to the one before: no near repeat
+        ModelTurn(tool_calls=[search(13)]),
+        ModelTurn(text="done"),
+    ]
+    tools = [Tool("search", "s", handler=same), Tool("fetch", "f", handler=same)]
+    con = record(tmp_path, turns, TreeConfig(max_repeats_per_signature=3), tools)
+    pairs = near_repeats(con)
+    got = [(json.loads(a)["limit"], json.loads(b)["limit"], kind, detail, same_result)
+           for a, b, kind, detail, same_result in pairs[["earlier_arguments", "arguments", "kind", "detail", "same_result"]]
+           .itertuples(index=False, name=None)]  # fmt: skip
+    assert sorted(got) == [(9, 10, "near", "number_step", True), (11, 12, "near", "number_step", True),
+                           (12, 13, "near", "number_step", True)]  # fmt: skip
+    assert near_repeats_by_tool(con).set_index("tool").loc["search", "near_repeats"] == 3
 
 
 def test_what_if_counts_the_branches_a_lower_limit_would_end(tmp_path: Path) -> None:

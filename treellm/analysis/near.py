@@ -19,7 +19,7 @@ from treellm.analysis.filters import Filters, check_limit
 from treellm.derive.near import NEAR_KINDS, PAIR_COLUMNS, classify_commands, classify_pair, near_pairs
 from treellm.shell import DEFAULT_SHELL_TOOLS
 from treellm.store.backend import Connection, StoreConnection, as_connection, fetch_rows
-from treellm.store.views import NEAR_CALLS_SQL
+from treellm.store.views import NEAR_CANDIDATES_SQL
 
 __all__ = ["classify_commands", "classify_pair", "near_repeat_pairs", "near_repeats", "near_repeats_by_tool"]
 
@@ -63,7 +63,7 @@ def _pairs(
 ) -> list[tuple[Any, ...]]:
     """The pairs of the calls ``where`` keeps (rows of ``PAIR_COLUMNS``), judged over DuckDB, in
     :func:`near_repeats` order: near repeats with the same result first, then by run (stable)."""
-    rows = fetch_rows(engine, NEAR_CALLS_SQL.format(where=where), params)
+    rows = fetch_rows(engine, NEAR_CANDIDATES_SQL.format(where=where), params)
     pairs = near_pairs(rows, similarity=similarity, shell_tools=shell_tools)
     return sorted(pairs, key=lambda p: (not (p[_KIND] == "near" and p[_SAME]), p[_RUN]))
 

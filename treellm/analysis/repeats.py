@@ -16,7 +16,7 @@ import pandas as pd
 
 from treellm.analysis.filters import Filters, check_limit
 from treellm.derive.repeats import CODE_WRITES, REPEAT_COLUMNS, CallFacts, judge_repeat, judge_runs
-from treellm.store.backend import Connection, StoreConnection, as_connection, fetch_rows
+from treellm.store.backend import Connection, StoreConnection, as_connection, fetch_columns, fetch_rows
 from treellm.store.views import REPEAT_CALLS_SQL, REPEAT_NODES_SQL
 
 __all__ = [
@@ -89,7 +89,7 @@ def _judged(engine: Connection, f: Filters, tools: Collection[str] | None) -> li
     if not rows:
         return []
     where, params = _where(f, tools)
-    think = fetch_rows(engine, REPEAT_NODES_SQL.format(where=where), params)
+    think = zip(*fetch_columns(engine, REPEAT_NODES_SQL.format(where=where), params), strict=True)
     judged = judge_runs(rows, think)  # every tool of the runs chosen: the calls between count
     return [r for r in judged if (f.tool is None or r[_TOOL] == f.tool) and (tools is None or r[_TOOL] in tools)]
 

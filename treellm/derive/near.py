@@ -4,7 +4,8 @@
 The seed's honest limitation: exact signatures miss an agent that rephrases a query or
 bumps ``limit: 9`` to ``limit: 10``. This finds such pairs among *consecutive* calls of
 the same tool in the same run (blocked by run and tool, so it is linear in the calls;
-calls of one turn are parallel, not repeats of each other, and are not paired). The
+calls of one turn are parallel, not repeats of each other, and are not paired; the pairing
+is SQL, ``NEAR_CANDIDATES_SQL`` in ``store/views.py``, and this module judges the pairs). The
 definitions (``docs/architecture.md``):
 
 - **paging**: the same resource, only a position moving on (``offset``, ``page``,
@@ -37,7 +38,15 @@ import orjson
 
 from treellm.shell import DEFAULT_SHELL_TOOLS, LineWindow, command_text, line_window
 
-__all__ = ["NEAR_KINDS", "PAIR_COLUMNS", "PAIR_TYPES", "classify_commands", "classify_pair", "near_pairs"]
+__all__ = [
+    "NEAR_KINDS",
+    "PAIR_CANDIDATE_COLUMNS",
+    "PAIR_COLUMNS",
+    "PAIR_TYPES",
+    "classify_commands",
+    "classify_pair",
+    "near_pairs",
+]
 
 PAGING_KEYS = frozenset(
     {"offset", "page", "start", "start_line", "line", "from", "cursor", "skip", "page_number", "after", "begin",
@@ -215,39 +224,53 @@ def _classify(tool: str, before: Any, after: Any, shell_tools: frozenset[str], s
     return classify_pair(before, after, similarity=similarity)
 
 
+PAIR_CANDIDATE_COLUMNS: Final = (
+    "run_id", "tool", "earlier_arguments", "arguments", "earlier_result_hash", "result_hash", "earlier_node_id",
+    "node_id", "earlier_call_id", "call_id", "earlier_span_id", "span_id", "trace_id",
+)  # fmt: skip
+"""A pair of consecutive calls that :func:`near_pairs` judges, as ``NEAR_CANDIDATES_SQL``
+(``store/views.py``) chooses them: a call with captured arguments and the call before it of the
+same tool in the same run (by time), when the two have different signatures (an identical call is
+no near repeat) and do not share a turn (calls of one turn are parallel, not repeats)."""
+
+
+_DETAILS_KEPT: Final = 65_536
+""":func:`near_pairs` keeps at most this many pairs' kinds, each a pair of argument texts."""
+
+
+def _parsed(arguments: str) -> Any:
+    try:
+        return orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return arguments
+
+
 def near_pairs(
-    calls: Iterable[tuple[Any, ...]], *, similarity: float = 0.85, shell_tools: frozenset[str] | None = None
+    candidates: Iterable[tuple[Any, ...]], *, similarity: float = 0.85, shell_tools: frozenset[str] | None = None
 ) -> list[tuple[Any, ...]]:
-    """Every close pair of consecutive calls of one tool in one run (a row of
-    :data:`PAIR_COLUMNS`), in the order of the calls, wasted ones not yet first (pure).
-    ``calls``: calls with captured arguments by run, tool and time, each (run_id, tool,
-    signature, arguments, result_hash, node_id, parent_id, trace_id, span_id, call_id)."""
+    """Every close pair among ``candidates`` (rows of :data:`PAIR_CANDIDATE_COLUMNS`, in run, tool
+    and time order), as a row of :data:`PAIR_COLUMNS`, in that order, wasted ones not yet first
+    (pure). The pairing itself is SQL: only pairs that can be close cross into Python."""
     shells = frozenset(DEFAULT_SHELL_TOOLS) if shell_tools is None else shell_tools
     rows: list[tuple[Any, ...]] = []
-    previous: tuple[Any, ...] | None = None
-    parsed_previous: Any = None
-    for row in calls:
-        run_id, tool, sig, arguments, digest, node_id, parent_id, trace_id, span_id, call_id = row
-        try:
-            parsed = orjson.loads(arguments)
-        except orjson.JSONDecodeError:
-            parsed = arguments
-        same_turn = previous is not None and parent_id is not None and previous[6] == parent_id
-        if (
-            previous is not None
-            and previous[0] == run_id
-            and previous[1] == tool
-            and previous[2] != sig
-            and (not same_turn)
-        ):
-            detail = _classify(tool, parsed_previous, parsed, shells, similarity)
-            if detail is not None:
-                same_result = digest is not None and digest == previous[4]
-                kind = "paging" if detail == "paging" and not same_result else "near"
-                rows.append(
-                    (run_id, tool, kind, "window_repeated" if detail == "paging" and same_result else detail,
-                     same_result, previous[5], node_id, previous[9], call_id, previous[8], span_id, trace_id,
-                     previous[3], arguments)
-                )  # fmt: skip
-        previous, parsed_previous = row, parsed
+    details: dict[tuple[str | None, str, str], str | None] = {}  # an agent's pairs repeat: each judged once
+    for candidate in candidates:
+        (run_id, tool, earlier_arguments, arguments, earlier_digest, digest, earlier_node_id, node_id,
+         earlier_call_id, call_id, earlier_span_id, span_id, trace_id) = candidate  # fmt: skip
+        key = (tool, earlier_arguments, arguments)
+        if key in details:
+            detail = details[key]
+        else:
+            if len(details) >= _DETAILS_KEPT:
+                details.clear()
+            detail = details[key] = _classify(tool, _parsed(earlier_arguments), _parsed(arguments), shells, similarity)
+        if detail is None:
+            continue
+        same_result = digest is not None and digest == earlier_digest
+        kind = "paging" if detail == "paging" and not same_result else "near"
+        rows.append(
+            (run_id, tool, kind, "window_repeated" if detail == "paging" and same_result else detail, same_result,
+             earlier_node_id, node_id, earlier_call_id, call_id, earlier_span_id, span_id, trace_id,
+             earlier_arguments, arguments)
+        )  # fmt: skip
     return rows

@@ -369,12 +369,29 @@ class _Lines:
 
 
 _FACTS_KEPT: Final = 65_536
-""":func:`judge_runs` shares one :class:`CallFacts` between the calls of equal tool, arguments,
+""":func:`judge_runs` shares one :class:`_Known` between the calls of equal tool, arguments,
 result and failure, keeping at most this many (a value, never changed)."""
 
 
-def _facts_of(calls: list[tuple[Any, ...]], known: dict[tuple[Any, ...], CallFacts]) -> list[CallFacts]:
-    """The :class:`CallFacts` of each call, those already in ``known`` shared (and kept there)."""
+@dataclass(frozen=True, slots=True)
+class _Known:
+    """A call's :class:`CallFacts` with what every call asks of them: the paths it reads or writes,
+    each with its file name, and the paths it writes (its :func:`_touched`)."""
+
+    facts: CallFacts
+    touched: tuple[tuple[str, str], ...]
+    writes: tuple[tuple[str, str], ...]
+
+
+def _known(facts: CallFacts) -> _Known:
+    reads, writes = _touched(facts)
+    return _Known(
+        facts, tuple((path, _name(path)) for path in reads | writes), tuple((path, _name(path)) for path in writes)
+    )
+
+
+def _facts_of(calls: list[tuple[Any, ...]], known: dict[tuple[Any, ...], _Known]) -> list[_Known]:
+    """The :class:`_Known` of each call, those already in ``known`` shared (and kept there)."""
     if len(known) > _FACTS_KEPT:
         known.clear()
     made = []
@@ -382,13 +399,13 @@ def _facts_of(calls: list[tuple[Any, ...]], known: dict[tuple[Any, ...], CallFac
         key = (c[5], c[10], c[9], c[8] == "failed")
         found = known.get(key)
         if found is None:
-            found = known[key] = facts(c[5], c[10], c[9], failed=key[3])
+            found = known[key] = _known(facts(c[5], c[10], c[9], failed=key[3]))
         made.append(found)
     return made
 
 
 def _run_repeats(
-    calls: list[tuple[Any, ...]], parents: dict[str, str | None], known: dict[tuple[Any, ...], CallFacts]
+    calls: list[tuple[Any, ...]], parents: dict[str, str | None], known: dict[tuple[Any, ...], _Known]
 ) -> list[tuple[Any, ...]]:
     """The identical repeats of one run's calls (in time order). A call's identical calls on its
     line are its twin's and its twin (the twin's line is part of its own): found once each, so a
@@ -396,46 +413,49 @@ def _run_repeats(
     made = _facts_of(calls, known)
     lines = _Lines(parents)
     seen_by_key: dict[tuple[str, str], list[int]] = {}
-    identical: dict[int, int] = {}  # call -> how many identical calls are on its line before it
+    identical = [0] * len(calls)  # per call: how many identical calls are on its line before it
     bodies: dict[str, str] = {}
-    seen_by_name: dict[str, list[str]] = {}  # paths read or written so far, by file name
+    seen_by_name: dict[str, set[str]] = {}  # paths read or written so far, by file name
     created: list[str] = []
     opened: str | None = None  # the file open in SWE-agent's editor, when known
     out: list[tuple[Any, ...]] = []
     for i, call in enumerate(calls):
         trace_id, span_id, run_id, node_id, parent_id, tool, sig, ordinal, _s, _h, arguments, call_id, listing = call
-        editor = made[i].editor
-        if editor is not None and editor[0] == "opens":
-            opened = None if made[i].failed else editor[1]
-        elif editor is not None and opened is not None:
-            made[i] = replace(made[i], opened=opened)
-        earlier = seen_by_key.setdefault((tool, sig), []) if sig is not None else []  # unknown: equals none
-        twin = next(
-            (j for j in reversed(earlier)
-             if lines.on(calls[j][4], parent_id) and (arguments is None or calls[j][10] in (None, arguments))),
-            None,
-        )  # fmt: skip
-        identical[i] = 0 if twin is None else identical[twin] + 1
+        this = made[i]
+        editor = this.facts.editor
+        if editor is not None:
+            if editor[0] == "opens":
+                opened = None if this.facts.failed else editor[1]
+            elif opened is not None:
+                this = made[i] = _known(replace(this.facts, opened=opened))
+        twin = None
+        if sig is not None:  # unknown arguments: equal to none
+            earlier = seen_by_key.setdefault((tool, sig), [])
+            for j in reversed(earlier):
+                if lines.on(calls[j][4], parent_id) and (arguments is None or calls[j][10] in (None, arguments)):
+                    twin = j
+                    break
+            earlier.append(i)
         if twin is not None:
-            between = [made[j] for j in range(twin + 1, i) if lines.on(calls[j][4], parent_id)]
+            identical[i] = identical[twin] + 1
+            between = [made[j].facts for j in range(twin + 1, i) if lines.on(calls[j][4], parent_id)]
             outcome, reason = judge_repeat(
-                made[i], made[twin], between, bodies=bodies, created=created, listings=(listing, calls[twin][12])
-            )
+                this.facts, made[twin].facts, between, bodies=bodies, created=created,
+                listings=(listing, calls[twin][12]),
+            )  # fmt: skip
             counted = ordinal is not None and int(ordinal) >= 2
             out.append(
                 (trace_id, span_id, run_id, node_id, tool, call_id, None if ordinal is None else int(ordinal),
                  identical[i] + 1, counted, calls[twin][3], calls[twin][11], calls[twin][1], outcome, reason,
                  arguments)
             )  # fmt: skip
-        if sig is not None:
-            earlier.append(i)
-        bodies.update(made[i].bodies)
-        reads, writes = _touched(made[i])
-        for path in writes:
-            if not any(paths_overlap(path, seen) for seen in seen_by_name.get(_name(path), ())):
+        if this.facts.bodies:
+            bodies.update(this.facts.bodies)
+        for path, name in this.writes:
+            if not any(paths_overlap(path, seen) for seen in seen_by_name.get(name, ())):
                 created.append(path)
-        for path in reads | writes:
-            seen_by_name.setdefault(_name(path), []).append(path)
+        for path, name in this.touched:
+            seen_by_name.setdefault(name, set()).add(path)
     return out
 
 
@@ -457,7 +477,7 @@ def judge_runs(calls: Iterable[tuple[Any, ...]], think: Iterable[tuple[str, str,
     for row in calls:
         by_run.setdefault(row[2], []).append(row)
     out: list[tuple[Any, ...]] = []
-    known: dict[tuple[Any, ...], CallFacts] = {}
+    known: dict[tuple[Any, ...], _Known] = {}
     for run_id, run_calls in by_run.items():
         out.extend(_run_repeats(run_calls, parents.get(run_id, {}), known))
     return out

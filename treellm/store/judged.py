@@ -28,8 +28,8 @@ import pandas as pd
 from treellm._version import __version__
 from treellm.derive.near import PAIR_TYPES, near_pairs
 from treellm.derive.repeats import REPEAT_TYPES, judge_runs
-from treellm.store.backend import fetch_rows
-from treellm.store.views import NEAR_CALLS_SQL, REPEAT_CALLS_SQL, REPEAT_NODES_SQL
+from treellm.store.backend import fetch_columns, fetch_rows
+from treellm.store.views import NEAR_CANDIDATES_SQL, REPEAT_CALLS_SQL, REPEAT_NODES_SQL
 
 __all__ = ["JUDGED", "create_judged", "rules_digest"]
 
@@ -82,6 +82,6 @@ def create_judged(con: duckdb.DuckDBPyConnection, where: str = "TRUE") -> None:
     rows of the runs whose calls ``where`` keeps (SQL on alias ``c`` of the analysis' calls, such
     as ``c.trace_id IN (SELECT trace_id FROM chosen)``)."""
     calls = fetch_rows(con, REPEAT_CALLS_SQL.format(where=where))
-    think = fetch_rows(con, REPEAT_NODES_SQL.format(where=where)) if calls else []
+    think = zip(*fetch_columns(con, REPEAT_NODES_SQL.format(where=where)), strict=True) if calls else iter(())
     _table(con, "identical_repeats", judge_runs(calls, think))
-    _table(con, "near_pairs", near_pairs(fetch_rows(con, NEAR_CALLS_SQL.format(where=where))))
+    _table(con, "near_pairs", near_pairs(fetch_rows(con, NEAR_CANDIDATES_SQL.format(where=where))))

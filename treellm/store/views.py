@@ -24,7 +24,7 @@ from typing import Final
 
 __all__ = [
     "CALLS_SQL",
-    "NEAR_CALLS_SQL",
+    "NEAR_CANDIDATES_SQL",
     "REPEAT_CALLS_SQL",
     "REPEAT_NODES_SQL",
     "VIEWS",
@@ -267,14 +267,26 @@ SELECT run_id, node_id, parent_id FROM nodes WHERE run_id IN (SELECT run_id FROM
 )
 """The think nodes of the same runs, chosen again in SQL by the same ``{where}`` (never sent back
 as one parameter per run: tens of thousands of them overflow a query's size)."""
-NEAR_CALLS_SQL: Final = f"""
-SELECT c.run_id, c.tool, c.signature, c.arguments, c.result_hash, c.node_id, c.parent_id,
-       c.trace_id, c.span_id, c.call_id
-FROM ({CALLS_SQL}) c
-WHERE {{where}} AND c.arguments IS NOT NULL
-ORDER BY c.run_id, c.tool, c.start_ns, c.span_id"""
-"""The calls with captured arguments that ``{where}`` keeps (alias ``c``), by run, tool and time:
-what the near-repeat pairing reads (:func:`treellm.derive.near.near_pairs`)."""
+NEAR_CANDIDATES_SQL: Final = f"""
+SELECT run_id, tool, earlier_arguments, arguments, earlier_result_hash, result_hash, earlier_node_id, node_id,
+       earlier_call_id, call_id, earlier_span_id, span_id, trace_id
+FROM (
+    SELECT c.run_id, c.tool, c.signature, c.arguments, c.result_hash, c.node_id, c.parent_id, c.call_id, c.span_id,
+           c.trace_id, c.start_ns,
+           lag(c.signature) OVER w AS earlier_signature, lag(c.arguments) OVER w AS earlier_arguments,
+           lag(c.result_hash) OVER w AS earlier_result_hash, lag(c.node_id) OVER w AS earlier_node_id,
+           lag(c.parent_id) OVER w AS earlier_parent_id, lag(c.call_id) OVER w AS earlier_call_id,
+           lag(c.span_id) OVER w AS earlier_span_id
+    FROM ({CALLS_SQL}) c
+    WHERE {{where}} AND c.arguments IS NOT NULL
+    WINDOW w AS (PARTITION BY c.run_id, c.tool ORDER BY c.start_ns, c.span_id)
+) p
+WHERE earlier_span_id IS NOT NULL AND earlier_signature IS DISTINCT FROM signature
+  AND NOT coalesce(parent_id = earlier_parent_id, false)
+ORDER BY run_id, tool, start_ns, span_id"""
+"""The pairs of consecutive calls with captured arguments that ``{where}`` keeps (alias ``c``) that
+the near-repeat rule judges (:data:`treellm.derive.near.PAIR_CANDIDATE_COLUMNS`, which says which),
+by run, tool and time: paired here, so only those pairs cross into Python."""
 
 RUN_SHAPES: Final = View(
     "run_shapes",
