@@ -244,9 +244,9 @@ def test_near_repeats_pair_each_call_with_the_one_before_it_of_its_tool_outside_
     tools = [Tool("search", "s", handler=same), Tool("fetch", "f", handler=same)]
     con = record(tmp_path, turns, TreeConfig(max_repeats_per_signature=3), tools)
     pairs = near_repeats(con)
-    got = [(json.loads(a)["limit"], json.loads(b)["limit"], kind, detail, same_result)
-           for a, b, kind, detail, same_result in pairs[["earlier_arguments", "arguments", "kind", "detail", "same_result"]]
-           .itertuples(index=False, name=None)]  # fmt: skip
+    shown = pairs[["earlier_arguments", "arguments", "kind", "detail", "same_result"]]
+    got = [(json.loads(a)["limit"], json.loads(b)["limit"], kind, detail, same)
+           for a, b, kind, detail, same in shown.itertuples(index=False, name=None)]  # fmt: skip
     assert sorted(got) == [(9, 10, "near", "number_step", True), (11, 12, "near", "number_step", True),
                            (12, 13, "near", "number_step", True)]  # fmt: skip
     assert near_repeats_by_tool(con).set_index("tool").loc["search", "near_repeats"] == 3
