@@ -205,6 +205,10 @@ def test_judgements_kept_by_derive_are_what_duckdb_judges_in_its_order(
             near, pairs = A.near_repeats_and_pairs(engine, f, limit=3)
             assert _ordered(near) == _ordered(A.near_repeats_by_tool(duck, f))
             assert _ordered(pairs) == _ordered(A.near_repeats(duck, f))[:3]
+    # another similarity is paired and judged at query time on both engines (nothing kept says it)
+    loose = A.near_repeats(duck, similarity=0.5)
+    assert _ordered(A.near_repeats(ch, similarity=0.5)) == _ordered(loose)
+    assert len(loose) >= len(A.near_repeats(duck))
 
 
 def test_report_and_tune_commands_over_clickhouse_print_what_duckdb_prints(
