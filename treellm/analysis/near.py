@@ -16,14 +16,13 @@ from typing import Any, Final
 import pandas as pd
 
 from treellm.analysis.filters import Filters, check_limit
-from treellm.derive.near import NEAR_KINDS, PAIR_COLUMNS, classify_commands, classify_pair, near_pairs
+from treellm.derive.near import DEFAULT_SIMILARITY, NEAR_KINDS, PAIR_COLUMNS, classify_commands, classify_pair
 from treellm.shell import DEFAULT_SHELL_TOOLS
-from treellm.store.backend import Connection, StoreConnection, as_connection, fetch_rows
-from treellm.store.views import NEAR_CANDIDATES_SQL
+from treellm.store.backend import Connection, StoreConnection, as_connection
+from treellm.store.judged import near_pairs_of
 
 __all__ = ["classify_commands", "classify_pair", "near_repeat_pairs", "near_repeats", "near_repeats_by_tool"]
 
-DEFAULT_SIMILARITY: Final = 0.85
 _STORED_SQL: Final = (
     f"SELECT {', '.join(f'c.{name}' for name in PAIR_COLUMNS)} FROM near_pairs c "
     "WHERE {where} ORDER BY NOT (c.kind = 'near' AND c.same_result), c.run_id, c.seq"
@@ -63,8 +62,7 @@ def _pairs(
 ) -> list[tuple[Any, ...]]:
     """The pairs of the calls ``where`` keeps (rows of ``PAIR_COLUMNS``), judged over DuckDB, in
     :func:`near_repeats` order: near repeats with the same result first, then by run (stable)."""
-    rows = fetch_rows(engine, NEAR_CANDIDATES_SQL.format(where=where), params)
-    pairs = near_pairs(rows, similarity=similarity, shell_tools=shell_tools)
+    pairs = near_pairs_of(engine, where, params, similarity=similarity, shell_tools=shell_tools)
     return sorted(pairs, key=lambda p: (not (p[_KIND] == "near" and p[_SAME]), p[_RUN]))
 
 

@@ -15,9 +15,10 @@ from typing import Any, Final
 import pandas as pd
 
 from treellm.analysis.filters import Filters, check_limit
-from treellm.derive.repeats import CODE_WRITES, REPEAT_COLUMNS, CallFacts, judge_repeat, judge_runs
-from treellm.store.backend import Connection, StoreConnection, as_connection, fetch_columns, fetch_rows
-from treellm.store.views import REPEAT_CALLS_SQL, REPEAT_NODES_SQL
+from treellm.derive.repeats import CODE_WRITES, REPEAT_COLUMNS, CallFacts, judge_repeat
+from treellm.store.backend import Connection, StoreConnection, as_connection, fetch_rows
+from treellm.store.judged import identical_repeats_of
+from treellm.store.views import REPEAT_CALLS_SQL
 
 __all__ = [
     "CODE_WRITES",
@@ -85,12 +86,7 @@ _TOOL, _OUTCOME, _COUNTED = (REPEAT_COLUMNS.index(name) for name in ("tool", "ou
 def _judged(engine: Connection, f: Filters, tools: Collection[str] | None) -> list[tuple[Any, ...]]:
     """Over DuckDB, the identical repeats (rows of ``REPEAT_COLUMNS``) that :func:`repeats` gives,
     judged at query time."""
-    rows = load_calls(engine, f, tools=tools)
-    if not rows:
-        return []
-    where, params = _where(f, tools)
-    think = zip(*fetch_columns(engine, REPEAT_NODES_SQL.format(where=where), params), strict=True)
-    judged = judge_runs(rows, think)  # every tool of the runs chosen: the calls between count
+    judged = identical_repeats_of(engine, *_where(f, tools))
     return [r for r in judged if (f.tool is None or r[_TOOL] == f.tool) and (tools is None or r[_TOOL] in tools)]
 
 

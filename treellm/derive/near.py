@@ -39,6 +39,7 @@ import orjson
 from treellm.shell import DEFAULT_SHELL_TOOLS, LineWindow, command_text, line_window
 
 __all__ = [
+    "DEFAULT_SIMILARITY",
     "NEAR_KINDS",
     "PAIR_CANDIDATE_COLUMNS",
     "PAIR_COLUMNS",
@@ -56,6 +57,9 @@ TEXT_KEYS = frozenset(
     {"query", "q", "search", "search_query", "text", "pattern", "question", "prompt", "keyword", "keywords", "term",
      "terms", "message", "content", "description", "instructions", "regex", "input"}
 )  # fmt: skip
+DEFAULT_SIMILARITY: Final = 0.85
+"""How alike two free-text values (or two searches' patterns) must be to be a near repeat, by
+:class:`difflib.SequenceMatcher` ratio after lower-casing and dropping punctuation."""
 NEAR_KINDS: Final = ("number_step", "string_similar", "key_added", "key_dropped", "reworded", "window_widened")
 _PUNCT = re.compile(r"[^\w\s]")
 _SPACE = re.compile(r"\s+")
@@ -95,7 +99,7 @@ def _similar(a: str, b: str, similarity: float) -> bool:
     )
 
 
-def classify_pair(before: Any, after: Any, *, similarity: float = 0.85) -> str | None:
+def classify_pair(before: Any, after: Any, *, similarity: float = DEFAULT_SIMILARITY) -> str | None:
     """How two argument objects are close: ``"paging"``, a near-repeat kind, or None (not
     close, or a different question: an identifier, path or date changed)."""
     if not isinstance(before, dict) or not isinstance(after, dict) or before == after:
@@ -172,7 +176,7 @@ def _mostly_shown(first: LineWindow, second: LineWindow) -> bool:
     return shared > 0 and shared * 2 >= smaller
 
 
-def classify_commands(before: str, after: str, *, similarity: float = 0.85) -> str | None:
+def classify_commands(before: str, after: str, *, similarity: float = DEFAULT_SIMILARITY) -> str | None:
     """How two shell commands of one tool are close: ``"paging"`` (the same file, another
     line window), ``"reworded"`` (the same program on the same files asking the same thing
     with flags added or dropped, or a search whose pattern was reworded), or None (another
@@ -228,10 +232,8 @@ PAIR_CANDIDATE_COLUMNS: Final = (
     "run_id", "tool", "earlier_arguments", "arguments", "earlier_result_hash", "result_hash", "earlier_node_id",
     "node_id", "earlier_call_id", "call_id", "earlier_span_id", "span_id", "trace_id",
 )  # fmt: skip
-"""A pair of consecutive calls that :func:`near_pairs` judges, as ``NEAR_CANDIDATES_SQL``
-(``store/views.py``) chooses them: a call with captured arguments and the call before it of the
-same tool in the same run (by time), when the two have different signatures (an identical call is
-no near repeat) and do not share a turn (calls of one turn are parallel, not repeats)."""
+"""A pair of consecutive calls that :func:`near_pairs` judges, in this order: the columns of
+``NEAR_CANDIDATES_SQL`` (``store/views.py``), which chooses the pairs."""
 
 
 _DETAILS_KEPT: Final = 65_536
@@ -246,7 +248,10 @@ def _parsed(arguments: str) -> Any:
 
 
 def near_pairs(
-    candidates: Iterable[tuple[Any, ...]], *, similarity: float = 0.85, shell_tools: frozenset[str] | None = None
+    candidates: Iterable[tuple[Any, ...]],
+    *,
+    similarity: float = DEFAULT_SIMILARITY,
+    shell_tools: frozenset[str] | None = None,
 ) -> list[tuple[Any, ...]]:
     """Every close pair among ``candidates`` (rows of :data:`PAIR_CANDIDATE_COLUMNS`, in run, tool
     and time order), as a row of :data:`PAIR_COLUMNS`, in that order, wasted ones not yet first

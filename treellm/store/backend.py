@@ -100,8 +100,13 @@ def fetch_rows(con: StoreConnection, sql: str, params: Sequence[Any] = ()) -> li
     engine = as_connection(con)
     if isinstance(engine, DuckDBConnection):
         return engine.raw.execute(sql, list(params)).fetchall()
+    return list(_values(engine, sql, params).itertuples(index=False, name=None))
+
+
+def _values(engine: Connection, sql: str, params: Sequence[Any]) -> pd.DataFrame:
+    """The frame of ``engine.df`` as Python values, None for NULL (NaN, NaT, pd.NA)."""
     frame = engine.df(sql, params).astype(object)
-    return list(frame.where(frame.notna(), None).itertuples(index=False, name=None))
+    return frame.where(frame.notna(), None)
 
 
 def fetch_columns(con: StoreConnection, sql: str, params: Sequence[Any] = ()) -> list[list[Any]]:
@@ -112,5 +117,4 @@ def fetch_columns(con: StoreConnection, sql: str, params: Sequence[Any] = ()) ->
     engine = as_connection(con)
     if isinstance(engine, DuckDBConnection):
         return [column.tolist() for column in engine.raw.execute(sql, list(params)).fetchnumpy().values()]
-    frame = engine.df(sql, params).astype(object)
-    return [list(values) for _, values in frame.where(frame.notna(), None).items()]
+    return [list(values) for _, values in _values(engine, sql, params).items()]

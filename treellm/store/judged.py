@@ -26,12 +26,12 @@ import duckdb
 import pandas as pd
 
 from treellm._version import __version__
-from treellm.derive.near import PAIR_TYPES, near_pairs
+from treellm.derive.near import DEFAULT_SIMILARITY, PAIR_TYPES, near_pairs
 from treellm.derive.repeats import REPEAT_TYPES, judge_runs
-from treellm.store.backend import fetch_columns, fetch_rows
+from treellm.store.backend import StoreConnection, fetch_columns, fetch_rows
 from treellm.store.views import NEAR_CANDIDATES_SQL, REPEAT_CALLS_SQL, REPEAT_NODES_SQL
 
-__all__ = ["JUDGED", "create_judged", "rules_digest"]
+__all__ = ["JUDGED", "create_judged", "identical_repeats_of", "near_pairs_of", "rules_digest"]
 
 JUDGED: Final = {
     "identical_repeats": (*REPEAT_TYPES, ("seq", "BIGINT")),
@@ -77,11 +77,34 @@ def _table(con: duckdb.DuckDBPyConnection, name: str, rows: Sequence[tuple[Any, 
         con.unregister("judged_frame")
 
 
+def identical_repeats_of(con: StoreConnection, where: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    """Every identical repeat (rows of ``REPEAT_TYPES``) of the runs whose calls ``where`` keeps (SQL
+    on alias ``c`` of the analysis' calls, with ``params``), judged now: those runs' calls, then the
+    nodes their lines can pass, then :func:`~treellm.derive.repeats.judge_runs`."""
+    calls = fetch_rows(con, REPEAT_CALLS_SQL.format(where=where), params)
+    if not calls:
+        return []
+    think = zip(*fetch_columns(con, REPEAT_NODES_SQL.format(where=where), params), strict=True)
+    return judge_runs(calls, think)  # every tool of the runs chosen: the calls between count
+
+
+def near_pairs_of(
+    con: StoreConnection,
+    where: str,
+    params: Sequence[Any] = (),
+    *,
+    similarity: float = DEFAULT_SIMILARITY,
+    shell_tools: frozenset[str] | None = None,
+) -> list[tuple[Any, ...]]:
+    """Every close pair (rows of ``PAIR_TYPES``) of the calls ``where`` keeps, judged now: the pairs
+    ``NEAR_CANDIDATES_SQL`` chooses, then :func:`~treellm.derive.near.near_pairs`."""
+    candidates = fetch_rows(con, NEAR_CANDIDATES_SQL.format(where=where), params)
+    return near_pairs(candidates, similarity=similarity, shell_tools=shell_tools)
+
+
 def create_judged(con: duckdb.DuckDBPyConnection, where: str = "TRUE") -> None:
     """Create (or replace) a TEMP table per judgement in the DuckDB store ``con``, holding the
     rows of the runs whose calls ``where`` keeps (SQL on alias ``c`` of the analysis' calls, such
     as ``c.trace_id IN (SELECT trace_id FROM chosen)``)."""
-    calls = fetch_rows(con, REPEAT_CALLS_SQL.format(where=where))
-    think = zip(*fetch_columns(con, REPEAT_NODES_SQL.format(where=where)), strict=True) if calls else iter(())
-    _table(con, "identical_repeats", judge_runs(calls, think))
-    _table(con, "near_pairs", near_pairs(fetch_rows(con, NEAR_CANDIDATES_SQL.format(where=where))))
+    _table(con, "identical_repeats", identical_repeats_of(con, where))
+    _table(con, "near_pairs", near_pairs_of(con, where))

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from treellm.derive.near import PAIR_CANDIDATE_COLUMNS
+
 __all__ = [
     "CALLS_SQL",
     "NEAR_CANDIDATES_SQL",
@@ -268,11 +270,10 @@ SELECT run_id, node_id, parent_id FROM nodes WHERE run_id IN (SELECT run_id FROM
 """The think nodes of the same runs, chosen again in SQL by the same ``{where}`` (never sent back
 as one parameter per run: tens of thousands of them overflow a query's size)."""
 NEAR_CANDIDATES_SQL: Final = f"""
-SELECT run_id, tool, earlier_arguments, arguments, earlier_result_hash, result_hash, earlier_node_id, node_id,
-       earlier_call_id, call_id, earlier_span_id, span_id, trace_id
+SELECT {", ".join(PAIR_CANDIDATE_COLUMNS)}
 FROM (
     SELECT c.run_id, c.tool, c.signature, c.arguments, c.result_hash, c.node_id, c.parent_id, c.call_id, c.span_id,
-           c.trace_id, c.start_ns,
+           c.trace_id, c.start_ns, row_number() OVER w AS nth,
            lag(c.signature) OVER w AS earlier_signature, lag(c.arguments) OVER w AS earlier_arguments,
            lag(c.result_hash) OVER w AS earlier_result_hash, lag(c.node_id) OVER w AS earlier_node_id,
            lag(c.parent_id) OVER w AS earlier_parent_id, lag(c.call_id) OVER w AS earlier_call_id,
@@ -281,12 +282,14 @@ FROM (
     WHERE {{where}} AND c.arguments IS NOT NULL
     WINDOW w AS (PARTITION BY c.run_id, c.tool ORDER BY c.start_ns, c.span_id)
 ) p
-WHERE earlier_span_id IS NOT NULL AND earlier_signature IS DISTINCT FROM signature
-  AND NOT coalesce(parent_id = earlier_parent_id, false)
+WHERE nth > 1 AND earlier_signature IS DISTINCT FROM signature AND NOT coalesce(parent_id = earlier_parent_id, false)
 ORDER BY run_id, tool, start_ns, span_id"""
-"""The pairs of consecutive calls with captured arguments that ``{where}`` keeps (alias ``c``) that
-the near-repeat rule judges (:data:`treellm.derive.near.PAIR_CANDIDATE_COLUMNS`, which says which),
-by run, tool and time: paired here, so only those pairs cross into Python."""
+"""The pairs the near-repeat rule judges (:func:`treellm.derive.near.near_pairs`), by run, tool and
+time: each call with captured arguments that ``{where}`` keeps (alias ``c``) and the call before it
+of its tool in its run, when the two have different signatures (an identical call is no near
+repeat) and do not share a turn (one turn's calls are parallel, not repeats). Paired here, so only
+those pairs cross into Python; ``nth``, not a NULL ``lag``, tells a run's first call of a tool (an
+engine may give a type's default there)."""
 
 RUN_SHAPES: Final = View(
     "run_shapes",
