@@ -30,6 +30,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from treellm import LoopGuard, ModelRequest, ModelTurn, ScriptedModel, Tool, ToolCall, TreeConfig, TreeExecutor
+from treellm.derive.transform import may_hold_secret_sql
 from treellm.errors import ModelError
 from treellm.telemetry import Capture, TelemetryObserver, redaction
 from treellm.telemetry import semconv as sc
@@ -454,14 +455,7 @@ def test_the_sql_prefilter_lets_through_every_text_the_python_one_does() -> None
     try:
         con.execute("CREATE TABLE t (i INTEGER, v VARCHAR)")
         con.executemany("INSERT INTO t VALUES (?, ?)", list(enumerate(texts)))
-        kept = {
-            i
-            for (i,) in con.execute(
-                "SELECT i FROM t WHERE length(v) >= 8 AND (regexp_matches(v, ?) OR "
-                "len(list_filter(regexp_extract_all(v, ?), lambda w: lower(w) <> w AND upper(w) <> w)) > 0)",
-                [PREFILTER_PATTERN, BASE64_WORD_PATTERN],
-            ).fetchall()
-        }
+        kept = {i for (i,) in con.execute(f"SELECT i FROM t WHERE {may_hold_secret_sql('v')}").fetchall()}
     finally:
         con.close()
     assert [text for i, text in enumerate(texts) if may_hold_secret(text) and i not in kept] == []

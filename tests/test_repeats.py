@@ -247,6 +247,9 @@ def test_merge_rule_takes_each_field_the_file_sets() -> None:
         # SWE-agent's editor refusing an edit its linter rejected
         ("Your proposed edit has introduced new syntax error(s).\nYour changes have NOT been applied.", True),
         ("File updated. Please review the changes.", False),
+        ("exchanges have NOT been applied", False),
+        ("done: changes have NOT been applied yet", True),
+        ("changes have NOT been appliedly", False),
         ('{"error": "not found"}', True),
         ('{"status": 404, "error": {"code": 1}}', True),
         ('{"data": {"x": 1}, "error": "late"}', True),

@@ -12,6 +12,7 @@ hands to Python (a prefilter in SQL first), and the updates that write back only
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Final
 
 from treellm.otlp.validate import validate_sql
@@ -25,10 +26,12 @@ __all__ = [
     "REDACT_KEYS_SQL",
     "REDACT_PLACES",
     "REDACT_TARGETS_SQL",
-    "REDACT_TEXTS_SQL",
+    "REDACT_TEXT_COLUMNS",
     "REDACT_VALUES_SQL",
+    "may_hold_secret_sql",
     "redact_map_sql",
     "redact_text_sql",
+    "redact_texts_sql",
     "stage_sql",
 ]
 
@@ -230,8 +233,9 @@ REDACT_KEYS_SQL: Final = "SELECT DISTINCT place, k FROM redact_entries"
 """The distinct keys of each place's maps."""
 
 
-def _may_hold_secret(value: str) -> str:
-    """:func:`treellm.telemetry.redaction.may_hold_secret` in SQL (the same words, in RE2)."""
+def may_hold_secret_sql(value: str) -> str:
+    """:func:`treellm.telemetry.redaction.may_hold_secret` in SQL over the expression ``value`` (the
+    same words, in RE2): true for every text the Python prefilter lets through."""
     return (
         f"(length({value}) >= 8 AND (regexp_matches({value}, '{PREFILTER_PATTERN}') OR "
         f"(lower({value}) <> {value} AND upper({value}) <> {value} AND "
@@ -247,26 +251,32 @@ WITH ruled AS (
     FROM redact_entries e LEFT JOIN redact_keys rk ON rk.k = e.k
 )
 SELECT DISTINCT place, rule, v FROM ruled
-WHERE rule = 'hash' OR (rule = 'redact' AND {_may_hold_secret("v")})
+WHERE rule = 'hash' OR (rule = 'redact' AND {may_hold_secret_sql("v")})
 """
 """The distinct values that the rules of ``redact_keys(k, rule)`` may change, with their place and
 rule: every value to hash, and the values to redact that may hold a secret (the prefilter runs in
 DuckDB, on distinct values, so the rest never crosses into Python)."""
 
-REDACT_TEXTS_SQL: Final = " UNION ALL ".join(
-    f"SELECT DISTINCT '{column}' AS col, {column} AS v FROM spans SEMI JOIN {targets} USING (trace_id, span_id) "
-    f"WHERE {column} IS NOT NULL"
-    for column, targets in (
-        ("name", "redact_spans"), ("status_message", "redact_spans"), ("arguments", "redact_calls"),
-        ("result", "redact_calls"),
+REDACT_TEXT_COLUMNS: Final = {
+    "name": "redact_spans", "status_message": "redact_spans", "arguments": "redact_calls", "result": "redact_calls",
+}  # fmt: skip
+"""Each span column of text redacted -> the table of the spans whose values it rewrites."""
+
+
+def redact_texts_sql(prefiltered: Collection[str]) -> str:
+    """Every distinct value of each column of :data:`REDACT_TEXT_COLUMNS` to redact; of the columns
+    in ``prefiltered`` (those whose values the capture changes only when they may hold a secret) only
+    the values that pass :func:`may_hold_secret_sql`, so the rest never crosses into Python."""
+    return " UNION ALL ".join(
+        f"SELECT DISTINCT '{column}' AS col, {column} AS v FROM spans SEMI JOIN {targets} USING (trace_id, span_id) "
+        f"WHERE {column} IS NOT NULL" + (f" AND {may_hold_secret_sql(column)}" if column in prefiltered else "")
+        for column, targets in REDACT_TEXT_COLUMNS.items()
     )
-)  # fmt: skip
-"""Every distinct span name, status message, derived argument and result text to redact."""
 
 
 def redact_text_sql(column: str) -> str:
     """Write ``redact_texts(col, v, r)``'s replacements into ``column`` of the targeted spans."""
-    targets = "redact_spans" if column in ("name", "status_message") else "redact_calls"
+    targets = REDACT_TEXT_COLUMNS[column]
     return f"""
 UPDATE spans SET {column} = u.r
 FROM (SELECT s.trace_id, s.span_id, t.r FROM spans s SEMI JOIN {targets} USING (trace_id, span_id)

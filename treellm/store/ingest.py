@@ -59,7 +59,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import duckdb
 import orjson
@@ -83,11 +83,11 @@ from treellm.derive.transform import (
     REDACT_KEYS_SQL,
     REDACT_PLACES,
     REDACT_TARGETS_SQL,
-    REDACT_TEXTS_SQL,
     REDACT_VALUES_SQL,
     VALIDATE_SQL,
     redact_map_sql,
     redact_text_sql,
+    redact_texts_sql,
     stage_sql,
 )
 from treellm.errors import IngestError, StoreError
@@ -674,7 +674,8 @@ def _redact_foreign(con: duckdb.DuckDBPyConnection, capture: ForeignCapture) -> 
         rule = rules[key] = capture.rule(key)  # the SQL applies it (a resource attribute is never hashed)
         if rule == "mask":
             places.add(place)
-    texts = [(column, value, new) for column, value in con.execute(REDACT_TEXTS_SQL).fetchall()
+    prefiltered = [column for column, kind in _TEXT_KINDS.items() if capture.changes_only_secrets(kind)]
+    texts = [(column, value, new) for column, value in con.execute(redact_texts_sql(prefiltered)).fetchall()
              if (new := _redacted_text(capture, column, value)) != value]  # fmt: skip
     kept = [(key, rule) for key, rule in rules.items() if rule != "redact"]
     keys = columns({"k": [key for key, _ in kept], "rule": [rule for _, rule in kept]})
@@ -699,10 +700,17 @@ def _redact_foreign(con: duckdb.DuckDBPyConnection, capture: ForeignCapture) -> 
     con.execute("DROP TABLE redact_spans; DROP TABLE redact_calls; DROP TABLE redact_entries")
 
 
+_TEXT_KINDS: Final[dict[str, Literal["text", "content", "status"]]] = {
+    "name": "text", "status_message": "status", "arguments": "content", "result": "content",
+}  # fmt: skip
+"""Each column of :data:`~treellm.derive.transform.REDACT_TEXT_COLUMNS` -> how a capture rewrites it."""
+
+
 def _redacted_text(capture: ForeignCapture, column: str, value: str) -> str:
-    if column == "status_message":
+    kind = _TEXT_KINDS[column]
+    if kind == "status":
         return capture.status(value)
-    return capture.text(value) if column == "name" else capture.content(value)
+    return capture.text(value) if kind == "text" else capture.content(value)
 
 
 _RUN_ROOT = (

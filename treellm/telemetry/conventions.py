@@ -311,12 +311,24 @@ def _first(attributes: Mapping[str, str], keys: Sequence[str]) -> str | None:
     return None
 
 
+_JSON_STARTS = frozenset('{["-0123456789')
+"""The characters a JSON text can start with after its leading whitespace, but for the literals
+``true``, ``false`` and ``null``: any other text is not JSON, and is told so without the parser's
+error (most results are plain text, each distinct)."""
+
+
+def _may_be_json(text: str) -> bool:
+    head = text.lstrip(" \t\n\r")
+    return head[:1] in _JSON_STARTS or head.startswith(("true", "false", "null"))
+
+
 def _loads(text: str) -> Any:
     """JSON, else a Python literal (LangChain records dicts by ``str()``), else the text."""
-    try:
-        return orjson.loads(text)
-    except (orjson.JSONDecodeError, RecursionError):
-        pass
+    if _may_be_json(text):
+        try:
+            return orjson.loads(text)
+        except (orjson.JSONDecodeError, RecursionError):
+            pass
     if len(text) < 1_000_000 and text[:1] in "{[(":
         try:
             return ast.literal_eval(text)
@@ -476,6 +488,8 @@ def parent_call(parent_attributes: Mapping[str, str], tool_name: str | None) -> 
 def unwrap_result(text: str) -> tuple[str, str | None]:
     """(the result's content, a call id found in its envelope) of a recorded tool result."""
     value = _loads(text)
+    if isinstance(value, str):  # plain text, as most results are: no envelope below reads a text
+        return _text_result(value)
     if isinstance(value, Mapping) and "kwargs" in value and set(value) <= _TRACELOOP_OUTPUT_KEYS:
         for inner in ("outputs", "output"):  # Traceloop's envelope
             if inner in value:
@@ -501,12 +515,17 @@ def unwrap_result(text: str) -> tuple[str, str | None]:
         content, call_id = found
         return _dump(content), call_id
     if isinstance(value, str):
-        match = _LANGCHAIN_REPR.match(value)
-        if match and " tool_call_id=" in value:
-            call = re.search(r" tool_call_id=(['\"])(.*?)\1", value)
-            return match.group("content"), call.group(2) if call else None
-        return value, None
-    return (text if isinstance(_loads(text), str) else _dump(value)), None
+        return _text_result(value)
+    return _dump(value), None
+
+
+def _text_result(value: str) -> tuple[str, str | None]:
+    """A result that is text: a LangChain message's ``repr`` gives its content and call id."""
+    match = _LANGCHAIN_REPR.match(value)
+    if match and " tool_call_id=" in value:
+        call = re.search(r" tool_call_id=(['\"])(.*?)\1", value)
+        return match.group("content"), call.group(2) if call else None
+    return value, None
 
 
 _unwrap_memo = functools.lru_cache(maxsize=8192)(unwrap_result)

@@ -720,6 +720,12 @@ class ForeignCapture:
         """A status message: redacted, or its exception type under ``none``."""
         return error_type(message) if self.mode == "none" else self.text(message)
 
+    def changes_only_secrets(self, kind: Literal["text", "content", "status"]) -> bool:
+        """Whether :meth:`text`, :meth:`content` or :meth:`status` (``kind``) leaves as it is every
+        value that :func:`may_hold_secret` skips, so a prefilter may keep those from it: redaction
+        does; ``none`` hashes content and keeps only a status message's exception type."""
+        return kind == "text" or self.mode != "none"
+
 
 def _structural(key: str) -> bool:
     if key.startswith(_OWN_PREFIX):
