@@ -449,6 +449,54 @@ def test_the_prefilter_never_skips_a_text_that_redaction_would_change() -> None:
         assert not may_hold_secret(plain)
 
 
+_GATED_TEXTS = [
+    "-----BEGIN RSA PRIVATE KEY-----\nMIIBOgIBAAJBAKj34GkxFhD9\n-----END RSA PRIVATE KEY-----",
+    "key " + "Ab9+" * 21 + "x/==",
+    "clone https://deploy:pa55word@git.example.com/repo",
+    "password: hunter2x", "config token=abc123def456", "session_key => 'Zq81kd93ms'",
+    "run --password hunter2x now", "--api-key=abc123def456",
+    "mysql -u root -phunter2x db", "mariadb -u root -phunter2x", "mariadb-dump -phunter2x db",
+    "sshpass -p hunter2x ssh host", "curl -u admin:hunter2x https://x", "wget --user admin:hunter2x",
+    "Authorization: Bearer abc123def456ghi", "basic YWxhZGRpbjpvcGVuc2VzYW1l", "Digest abc123/def456",
+    "token Abc123DEF456ghi",
+    "the password is hunter2xyz.", "passwd was hunter2xyz", "passphrase: hunter2xyz!", "pwd = hunter2xyz",
+    "the secret is hunter2xyz", "token was hunter2xyz", "api key is hunter2xyz", "API-KEY: hunter2xyz",
+    '["password", "hunter2x"]', "('token', 'abc123def')", '[\\"api_key\\", \\"abc123def\\"]', '["password", 123456]',
+    '"--password", "hunter2x"', "'--token', 'abc123def'",
+]  # fmt: skip
+"""A secret for every literal and word that gates a pattern of :data:`redaction._FINDERS`."""
+
+
+def _folded_variants(texts: list[str]) -> list[str]:
+    """``texts`` in upper and lower case, and with the letters that a case-insensitive pattern folds
+    to ASCII ones put in their place (the long s, the Kelvin sign, the dotless and the dotted i)."""
+    out = []
+    for text in texts:
+        out += [text.upper(), text.lower()]
+        for letter, folded in (("s", "\u017f"), ("k", "\u212a"), ("i", "\u0131"), ("I", "\u0130")):
+            out += [text.replace(letter, folded), text.replace(letter.upper(), folded)]
+    return out
+
+
+def test_each_pattern_is_gated_only_by_what_it_cannot_match_without() -> None:
+    gated = [find for find in redaction._FINDERS if isinstance(find, redaction._Gated)]
+    assert len(gated) == 10
+    for text in _GATED_TEXTS:  # each is a secret of a gated pattern
+        lower = text.lower()
+        assert any(find.find(text, lower) for find in gated), text
+    corpus = _corpus_texts()
+    texts = [*_GATED_TEXTS, *_folded_variants(_GATED_TEXTS), *corpus, *_folded_variants(corpus)]
+    texts += _fuzz_texts(5_000, seed=17)
+    ungated = [find.find if isinstance(find, redaction._Gated) else find for find in redaction._FINDERS]
+    for text in texts:
+        lower = text.lower() if text.isascii() else None
+        for find in gated:
+            assert find(text, lower) == find.find(text, lower), (text, find)
+        # every pattern ungated, told no lower-cased text (its key hints found by the case-insensitive scan)
+        every = redaction._merged(span for find in ungated for span in find(text, None)) if len(text) >= 8 else []
+        assert redaction._spans(text) == every, text
+
+
 def test_the_sql_prefilter_lets_through_every_text_the_python_one_does() -> None:
     texts = [*_corpus_texts(), *_fuzz_texts(5_000, seed=11)]
     con = duckdb.connect()
