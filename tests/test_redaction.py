@@ -478,7 +478,7 @@ def _folded_variants(texts: list[str]) -> list[str]:
     return out
 
 
-def test_each_pattern_is_gated_only_by_what_it_cannot_match_without() -> None:
+def test_the_gates_and_the_lower_cased_scans_change_no_secret_found() -> None:
     gated = [find for find in redaction._FINDERS if isinstance(find, redaction._Gated)]
     assert len(gated) == 10
     for text in _GATED_TEXTS:  # each is a secret of a gated pattern
@@ -492,7 +492,7 @@ def test_each_pattern_is_gated_only_by_what_it_cannot_match_without() -> None:
         lower = text.lower() if text.isascii() else None
         for find in gated:
             assert find(text, lower) == find.find(text, lower), (text, find)
-        # every pattern ungated, told no lower-cased text (its key hints found by the case-insensitive scan)
+        # every pattern ungated and told no lower-cased text: each case-insensitive scan over the text itself
         every = redaction._merged(span for find in ungated for span in find(text, None)) if len(text) >= 8 else []
         assert redaction._spans(text) == every, text
 

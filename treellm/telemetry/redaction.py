@@ -245,10 +245,14 @@ _COMMANDS = [
 _COMMAND = re.compile(
     "(?<![\\w-])(?:" + "|".join(f"(?:{c})".replace("?P<v>", f"?P<v{i}>") for i, c in enumerate(_COMMANDS)) + ")"
 )
-_PROSE = re.compile(
-    r"(?i)\b(?:password|passwd|passphrase|pwd|secret|token|api[ _-]?key)[ \t]+(?:is|was|=|:)[ \t]+"
+_PROSE_WORDS = (
+    r"\b(?:password|passwd|passphrase|pwd|secret|token|api[ _-]?key)[ \t]+(?:is|was|=|:)[ \t]+"
     r"(?P<v>[^\s,;'\"]+?)(?=[.,;:!?)]?(?:\s|\Z))"
 )
+_PROSE = re.compile(f"(?i){_PROSE_WORDS}")
+_PROSE_LOWER = re.compile(_PROSE_WORDS)
+""":data:`_PROSE` over the lower-cased text of an ASCII text: the same places and lengths (its finder
+reads nothing else), twice as fast."""
 _PAIR_ITEM = re.compile(
     r"""
     [\[(][ \t]*(?P<kq>\\*["'])(?P<key>[A-Za-z_][\w.\-]{0,80})(?P=kq)[ \t]*,[ \t]*
@@ -337,8 +341,9 @@ def _scheme_spans(match: re.Match[str]) -> list[Span]:
     return _group_spans(match, ("v",)) if _looks_random(match.group("v")) else []
 
 
-def _prose_spans(match: re.Match[str]) -> list[Span]:
-    return _group_spans(match, ("v",)) if len(match.group("v")) >= 6 else []
+def _prose_spans(text: str, lower: str | None) -> list[Span]:
+    matches = _PROSE.finditer(text) if lower is None else _PROSE_LOWER.finditer(lower)
+    return [span for match in matches if len(match.group("v")) >= 6 for span in _group_spans(match, ("v",))]
 
 
 _NOT_SECRETS = frozenset({"true", "false", "null", "none"})
@@ -426,7 +431,7 @@ _FINDERS: list[_Finder | _Gated] = [
     _Gated(_each(_FLAG, _flag_spans), literals=("--",)),
     _Gated(_each(_COMMAND, lambda m: _group_spans(m, _COMMAND_GROUPS)), literals=("mysql", "mariadb", "sshpass", "-u")),
     _Gated(_each(_SCHEME, _scheme_spans), words=("bearer", "basic", "digest", "token")),
-    _Gated(_each(_PROSE, _prose_spans), words=("pass", "pwd", "secret", "token", "api")),
+    _Gated(_prose_spans, words=("pass", "pwd", "secret", "token", "api")),
     _Gated(_each(_PAIR_ITEM, _pair_item_spans), literals=('"', "'")),
     _Gated(_each(_QUOTED_FLAG, _quoted_flag_spans), literals=('"-', "'-")),
     lambda text, lower: _base64_spans(text),
