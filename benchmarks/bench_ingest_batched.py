@@ -39,6 +39,25 @@ import duckdb
 from child_peak import ROOT, run_with_peak
 
 TOOLS = ("read_file", "grep", "run_tests", "web_search", "fetch_url", "list_dir")
+WORDS = (
+    "the", "of", "and", "to", "in", "is", "for", "on", "with", "as", "by", "at", "from", "def", "return",
+    "import", "class", "self", "none", "true", "false", "if", "else", "error", "file", "line", "test",
+    "path", "value", "result", "list", "dict", "int", "str", "passed", "failed", "found", "module",
+    "function", "call",
+)  # fmt: skip
+
+
+def _prose(rng: random.Random, length: int) -> str:
+    """About ``length`` characters of lower-case words and numbers, different each time: a tool's
+    result or a model's answer, as distinct as real ones are (each crosses the redaction's prefilter
+    and the conventions once; one text repeated would cross once in all)."""
+    words: list[str] = []
+    size = 0
+    while size < length:
+        word = rng.choice(WORDS) if rng.random() < 0.8 else str(rng.randrange(100_000))
+        words.append(word)
+        size += len(word) + 1
+    return " ".join(words)
 
 
 def _attr(key: str, value: object) -> dict[str, object]:
@@ -68,7 +87,7 @@ def _span(ids: tuple[str, str, str | None], index: int, start: int, rng: random.
             _attr("gen_ai.usage.input_tokens", rng.randrange(200, 4000)),
             _attr("gen_ai.usage.output_tokens", rng.randrange(10, 400)),
             _attr("gen_ai.request.temperature", 0.2),
-            _attr("llm.output_messages", "y" * rng.randrange(100, 600)),
+            _attr("llm.output_messages", _prose(rng, rng.randrange(100, 600))),
         ]
     else:
         tool = rng.choice(TOOLS)
@@ -78,7 +97,7 @@ def _span(ids: tuple[str, str, str | None], index: int, start: int, rng: random.
             _attr("gen_ai.tool.name", tool),
             _attr("gen_ai.tool.call.id", f"call_{rng.getrandbits(48):012x}"),
             _attr("gen_ai.tool.call.arguments", json.dumps({"path": f"src/pkg/module_{rng.randrange(50)}.py"})),
-            _attr("gen_ai.tool.call.result", "x" * rng.randrange(100, 500)),
+            _attr("gen_ai.tool.call.result", _prose(rng, rng.randrange(100, 500))),
         ]
     span: dict[str, object] = {
         "traceId": trace,
@@ -96,6 +115,12 @@ def _span(ids: tuple[str, str, str | None], index: int, start: int, rng: random.
     if role == "tool" and rng.random() < 0.1:
         span["events"] = [{"timeUnixNano": str(start + 5), "name": "retry", "attributes": [_attr("attempt", 2)]}]
     return span
+
+
+DATA_VERSION = "prose"
+"""Names the generated file (``--keep`` reuses it): since 2026-12-06, results and answers are prose,
+each different; before, one letter repeated (a 300k-span file compressed 20x: a floor that writes
+little, and one text per length for the placement and the redaction)."""
 
 
 def generate(path: Path, spans: int, seed: int = 11) -> int:
@@ -233,7 +258,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="treellm-bench-") as tmp:
         folder = Path(args.keep or tmp)
         folder.mkdir(parents=True, exist_ok=True)
-        data = folder / f"batched-{args.spans}.jsonl"
+        data = folder / f"batched-{args.spans}-{DATA_VERSION}.jsonl"
         if not data.exists():
             t0 = time.perf_counter()
             lines = generate(data, args.spans)

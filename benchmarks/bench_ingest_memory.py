@@ -148,9 +148,9 @@ def main() -> None:
                 files.append((f"trajectory {shape}, {calls:,} calls", calls, data))
         if args.otlp_spans:
             sys.path.insert(0, str(Path(__file__).parent))
-            from bench_ingest_batched import generate
+            from bench_ingest_batched import DATA_VERSION, generate
 
-            data = folder / f"batched-{args.otlp_spans}.jsonl"
+            data = folder / f"batched-{args.otlp_spans}-{DATA_VERSION}.jsonl"
             if not data.exists():
                 generate(data, args.otlp_spans)
             files.append((f"OTLP batched, {args.otlp_spans:,} spans", args.otlp_spans, data))

@@ -84,6 +84,7 @@ __all__ = [
     "internal_tools",
     "place_foreign",
     "read_foreign",
+    "streamed_rows",
 ]
 
 DEFAULT_INTERNAL = frozenset(conventions.DEFAULT_INTERNAL_TOOLS)
@@ -273,6 +274,15 @@ def frames_as_tables(con: duckdb.DuckDBPyConnection, **frames: Columns) -> Itera
         con.execute(f"DROP TABLE IF EXISTS {name}")
 
 
+def streamed_rows(con: duckdb.DuckDBPyConnection, sql: str, rows: int = 10_000) -> Iterator[tuple[Any, ...]]:
+    """The rows of ``sql``, fetched ``rows`` at a time, for a loop that runs no other statement on
+    ``con`` meanwhile: the distinct texts of a chunk (results, values to redact) are mostly each
+    different, and all of them at once held a hundred MB and more in Python."""
+    cursor = con.execute(sql)
+    while batch := cursor.fetchmany(rows):
+        yield from batch
+
+
 _NUMPY_TYPES = {"b": "BOOLEAN", "i": "BIGINT", "u": "UBIGINT", "f": "DOUBLE"}
 
 
@@ -304,7 +314,7 @@ CREATE OR REPLACE TEMP TABLE foreign_answers AS
            CASE x.role {_OPERATION_OF_ROLE} END AS operation,
            t.tool_name,
            CASE WHEN x.role = 'tool' THEN coalesce(x.call_first, o.envelope_id, a.argument_id) END AS tool_call_id,
-           a.arguments, o.result, g.signature,
+           a.arguments, coalesce(o.result, rt.result_text) AS result, g.signature,
            CASE WHEN t.tool_name <> '' THEN o.result_hash END AS result_hash,
            CASE WHEN x.role = 'llm' THEN x.model_first END AS model,
            CASE WHEN x.role = 'agent' THEN x.agent_first END AS agent_name,
@@ -313,7 +323,8 @@ CREATE OR REPLACE TEMP TABLE foreign_answers AS
     FROM x
     LEFT JOIN foreign_tools t ON x.role = 'tool' AND t.tool_key = x.tool_key
     LEFT JOIN foreign_args a ON x.role = 'tool' AND a.args_key = x.args_key
-    LEFT JOIN foreign_results o ON x.role = 'tool' AND o.result_text = x.result_text
+    LEFT JOIN foreign_result_texts rt ON x.role = 'tool' AND rt.result_text = x.result_text
+    LEFT JOIN foreign_results o ON o.result_id = rt.result_id
     LEFT JOIN foreign_signatures g ON g.tool = t.tool_name AND g.arguments = a.arguments
 """
 """What the conventions say of each new span of another framework, joined from the answers for
@@ -391,24 +402,29 @@ def _read_calls(con: duckdb.DuckDBPyConnection, internal: frozenset[str]) -> Non
     args_keys = [key for (key,) in con.execute(f"SELECT DISTINCT i.args_key {_TOOL_ROWS}").fetchall()]
     read = [conventions.arguments_of(tuple(orjson.loads(key))) for key in args_keys]
     args = columns({"args_key": args_keys, "arguments": [a for a, _ in read], "argument_id": [i for _, i in read]})
-    texts = [
-        text
-        for (text,) in con.execute(
-            f"SELECT DISTINCT i.result_text {_TOOL_ROWS} AND i.result_text IS NOT NULL"
-        ).fetchall()
-    ]
-    unwrapped = [conventions.result_of(text) for text in texts]
-    facts: dict[str, tuple[bool, str]] = {}
-    for result, _ in unwrapped:
-        if result is not None and result not in facts:
-            facts[result] = (repeats.is_failure(_DEFAULT_RULE, result), result_hash(result))
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE foreign_result_texts AS SELECT row_number() OVER () AS result_id, result_text "
+        f"FROM (SELECT DISTINCT i.result_text {_TOOL_ROWS} AND i.result_text IS NOT NULL)"
+    )
+    ids: list[int] = []
+    unwrapped: list[str | None] = []
+    envelopes: list[str | None] = []
+    failed: list[bool] = []
+    hashes: list[str] = []
+    for result_id, text in streamed_rows(con, "SELECT result_id, result_text FROM foreign_result_texts"):
+        result, envelope = conventions.unwrap_result(text)
+        ids.append(result_id)
+        unwrapped.append(None if result == text else result)  # None: the text itself, not held twice
+        envelopes.append(str(envelope) if envelope else None)
+        failed.append(repeats.is_failure(_DEFAULT_RULE, result))
+        hashes.append(result_hash(result))
     results = columns(
         {
-            "result_text": texts,
-            "result": [r for r, _ in unwrapped],
-            "envelope_id": [str(e) if e else None for _, e in unwrapped],
-            "result_failed": [None if r is None else facts[r][0] for r, _ in unwrapped],
-            "result_hash": [None if r is None else facts[r][1] for r, _ in unwrapped],
+            "result_id": np.array(ids, dtype=np.int64),
+            "result": unwrapped,
+            "envelope_id": envelopes,
+            "result_failed": np.array(failed, dtype=bool),
+            "result_hash": hashes,
         }
     )
     with frames_as_tables(con, foreign_tools=tools, foreign_args=args, foreign_results=results):
@@ -770,7 +786,7 @@ def finish_foreign(con: duckdb.DuckDBPyConnection) -> None:
     """After the insert: drop the tables of :func:`read_foreign` and :func:`place_foreign`."""
     # Not in a ``finally``: after a DuckDB error the transaction is aborted, a statement here would
     # hide that error behind "Current transaction is aborted", and the rollback drops the tables.
-    for table in ("foreign_in", "foreign_answers", "foreign_placed", "foreign_rekeyed"):
+    for table in ("foreign_in", "foreign_answers", "foreign_placed", "foreign_rekeyed", "foreign_result_texts"):
         con.execute(f"DROP TABLE IF EXISTS {table}")
 
 

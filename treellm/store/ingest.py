@@ -72,6 +72,7 @@ from treellm.derive.foreign import (
     columns,
     frames_as_tables,
     internal_tools,  # noqa: F401  (read here by callers of ingest)
+    streamed_rows,
 )
 from treellm.derive.foreign import finish_foreign as _finish_foreign
 from treellm.derive.foreign import place_foreign as _place_foreign
@@ -675,13 +676,13 @@ def _redact_foreign(con: duckdb.DuckDBPyConnection, capture: ForeignCapture) -> 
         if rule == "mask":
             places.add(place)
     prefiltered = [column for column, kind in _TEXT_KINDS.items() if capture.changes_only_secrets(kind)]
-    texts = [(column, value, new) for column, value in con.execute(redact_texts_sql(prefiltered)).fetchall()
+    texts = [(column, value, new) for column, value in streamed_rows(con, redact_texts_sql(prefiltered))
              if (new := _redacted_text(capture, column, value)) != value]  # fmt: skip
     kept = [(key, rule) for key, rule in rules.items() if rule != "redact"]
     keys = columns({"k": [key for key, _ in kept], "rule": [rule for _, rule in kept]})
     values: dict[tuple[str, str], str] = {}
     with frames_as_tables(con, redact_keys=keys):
-        for place, rule, value in con.execute(REDACT_VALUES_SQL).fetchall():
+        for place, rule, value in streamed_rows(con, REDACT_VALUES_SQL):
             if (new := capture.value(value, rule)) != value:
                 values[(rule, value)] = new
                 places.add(place)

@@ -709,13 +709,20 @@ class ForeignCapture:
       message as its exception type (:func:`error_type`); resource attributes and span names
       are redacted, not hashed.
 
-    Each distinct text is redacted once (memoised; :func:`may_hold_secret` skips the rest), each
-    key's rule decided once. Pure but for those memos; one instance per ingest transaction.
+    A text is redacted once while it is remembered (:data:`TEXTS_KEPT_CHARS`; :func:`may_hold_secret`
+    skips the rest), each key's rule decided once. Pure but for those memos; one instance per
+    ingest transaction.
     """
+
+    TEXTS_KEPT_CHARS = 8 * 1024 * 1024
+    """The characters of the texts remembered at once, past which the memo starts again: a file's
+    results are mostly each different, and a memo of all of them outgrew the ingest's memory limit
+    (a 1 GB file of them peaked at 1.22 GB RSS; BENCHMARKS.md, "Batched ingest")."""
 
     def __init__(self, mode: CaptureMode) -> None:
         self.mode = mode
         self._texts: dict[str, str] = {}
+        self._texts_chars = 0
         self._rules: dict[str, ValueRule] = {}
 
     @property
@@ -741,7 +748,12 @@ class ForeignCapture:
             return value
         found = self._texts.get(value)
         if found is None:
-            found = self._texts[value] = redact_text(value)
+            found = redact_text(value)
+            if self._texts_chars + len(value) > self.TEXTS_KEPT_CHARS:
+                self._texts.clear()
+                self._texts_chars = 0
+            self._texts[value] = found
+            self._texts_chars += len(value)
         return found
 
     def value(self, value: str, rule: ValueRule) -> str:
