@@ -553,6 +553,19 @@ def test_what_each_capture_mode_keeps_of_a_foreign_value() -> None:
     assert redacted.status("RuntimeError: password=hunter2x") == "RuntimeError: password=[REDACTED]"
 
 
+def test_a_foreign_capture_remembers_a_bounded_share_of_the_texts_it_redacted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(ForeignCapture, "TEXTS_KEPT_CHARS", 2_000)
+    capture = ForeignCapture("redacted")
+    texts = [f"run {i}: password={i:05d}Qx-secret and the tests passed" for i in range(300)]
+    for _ in range(2):  # asked again after the memo started over: the same answers
+        assert [capture.text(text) for text in texts] == [redact_text(text) for text in texts]
+        kept = sum(len(text) for text in capture._texts)
+        assert 0 < kept <= 2_000  # of the 14,000 characters asked
+    assert capture.text(texts[-1]) == "run 299: password=[REDACTED] and the tests passed"
+
+
 def test_a_secret_straddling_the_cut_is_masked_not_half_shown() -> None:
     capture = Capture("redacted", max_length=50)
     key = "sk_live_" + "Ab1" * 10
