@@ -12,7 +12,7 @@ hands to Python (a prefilter in SQL first), and the updates that write back only
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Mapping
 from typing import Final
 
 from treellm.otlp.validate import validate_sql
@@ -25,13 +25,14 @@ __all__ = [
     "READ_COLUMNS",
     "REDACT_KEYS_SQL",
     "REDACT_PLACES",
+    "REDACT_CHANGED_PLACES_SQL",
+    "REDACT_RULE_REWRITES",
     "REDACT_TARGETS_SQL",
     "REDACT_TEXT_COLUMNS",
-    "REDACT_VALUES_SQL",
     "may_hold_secret_sql",
     "redact_map_sql",
+    "redact_candidates_sql",
     "redact_text_sql",
-    "redact_texts_sql",
     "stage_sql",
 ]
 
@@ -244,43 +245,58 @@ def may_hold_secret_sql(value: str) -> str:
     )
 
 
-REDACT_VALUES_SQL: Final = f"""
-WITH ruled AS (
-    SELECT e.place, e.v, CASE WHEN rk.rule = 'hash' AND e.place = 'resource_attributes' THEN 'redact'
-                              ELSE coalesce(rk.rule, 'redact') END AS rule
-    FROM redact_entries e LEFT JOIN redact_keys rk ON rk.k = e.k
-)
-SELECT DISTINCT place, rule, v FROM ruled
-WHERE rule = 'hash' OR (rule = 'redact' AND {may_hold_secret_sql("v")})
-"""
-"""The distinct values that the rules of ``redact_keys(k, rule)`` may change, with their place and
-rule: every value to hash, and the values to redact that may hold a secret (the prefilter runs in
-DuckDB, on distinct values, so the rest never crosses into Python)."""
-
 REDACT_TEXT_COLUMNS: Final = {
     "name": "redact_spans", "status_message": "redact_spans", "arguments": "redact_calls", "result": "redact_calls",
 }  # fmt: skip
 """Each span column of text redacted -> the table of the spans whose values it rewrites."""
 
+REDACT_RULE_REWRITES: Final = {"redact": "text", "hash": "hash"}
+"""How a value under a key of each rule is rewritten (:meth:`~treellm.telemetry.redaction.ForeignCapture.rewrite`;
+a ``mask`` needs no value)."""
 
-def redact_texts_sql(prefiltered: Collection[str]) -> str:
-    """Every distinct value of each column of :data:`REDACT_TEXT_COLUMNS` to redact; of the columns
-    in ``prefiltered`` (those whose values the capture changes only when they may hold a secret) only
-    the values that pass :func:`may_hold_secret_sql`, so the rest never crosses into Python."""
-    return " UNION ALL ".join(
-        f"SELECT DISTINCT '{column}' AS col, {column} AS v FROM spans SEMI JOIN {targets} USING (trace_id, span_id) "
-        f"WHERE {column} IS NOT NULL" + (f" AND {may_hold_secret_sql(column)}" if column in prefiltered else "")
-        for column, targets in REDACT_TEXT_COLUMNS.items()
+_REWRITE_OF_RULE = "CASE {rule} " + " ".join(f"WHEN '{r}' THEN '{h}'" for r, h in REDACT_RULE_REWRITES.items()) + " END"
+
+_RULED_ENTRIES = """
+SELECT e.place, e.v, CASE WHEN rk.rule = 'hash' AND e.place = 'resource_attributes' THEN 'redact'
+                          ELSE coalesce(rk.rule, 'redact') END AS rule
+FROM redact_entries e LEFT JOIN redact_keys rk ON rk.k = e.k
+"""
+"""Each distinct entry of ``redact_entries`` with its key's rule from ``redact_keys(k, rule)`` (absent:
+``redact``; a resource attribute is never hashed)."""
+
+
+def redact_candidates_sql(column_rewrites: Mapping[str, str]) -> str:
+    """Every distinct (``how``, ``v``) that the capture may change, each to cross into Python once:
+    the values of each column of :data:`REDACT_TEXT_COLUMNS`, rewritten as ``column_rewrites`` says,
+    and the values of the maps' entries, rewritten as their keys' rules say
+    (:data:`REDACT_RULE_REWRITES`). Redaction (``text``) changes only what may hold a secret, so of
+    those only the values that pass :func:`may_hold_secret_sql` (run in DuckDB)."""
+    columns = [
+        f"SELECT '{how}' AS how, {column} AS v FROM spans SEMI JOIN {REDACT_TEXT_COLUMNS[column]} "
+        f"USING (trace_id, span_id) WHERE {column} IS NOT NULL"
+        for column, how in column_rewrites.items()
+    ]
+    entries = f"SELECT {_REWRITE_OF_RULE.format(rule='rule')} AS how, v FROM ({_RULED_ENTRIES}) WHERE rule <> 'mask'"
+    return (
+        f"SELECT DISTINCT how, v FROM ({' UNION ALL '.join([*columns, entries])}) "
+        f"WHERE v IS NOT NULL AND (how <> 'text' OR {may_hold_secret_sql('v')})"
     )
 
 
-def redact_text_sql(column: str) -> str:
-    """Write ``redact_texts(col, v, r)``'s replacements into ``column`` of the targeted spans."""
+REDACT_CHANGED_PLACES_SQL: Final = f"""
+SELECT DISTINCT e.place FROM ({_RULED_ENTRIES}) e
+SEMI JOIN redact_done d ON d.how = {_REWRITE_OF_RULE.format(rule="e.rule")} AND d.v = e.v
+"""
+"""The places of :data:`REDACT_PLACES` with an entry whose value ``redact_done(how, v, r)`` rewrites."""
+
+
+def redact_text_sql(column: str, how: str) -> str:
+    """Write the rewrites ``how`` of ``redact_done(how, v, r)`` into ``column`` of the targeted spans."""
     targets = REDACT_TEXT_COLUMNS[column]
     return f"""
 UPDATE spans SET {column} = u.r
 FROM (SELECT s.trace_id, s.span_id, t.r FROM spans s SEMI JOIN {targets} USING (trace_id, span_id)
-      JOIN redact_texts t ON t.col = '{column}' AND t.v = s.{column}) u
+      JOIN redact_done t ON t.how = '{how}' AND t.v = s.{column}) u
 WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id
 """
 
@@ -288,7 +304,7 @@ WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id
 def redact_map_sql(place: str, *, mask: str) -> str:
     """Rebuild the maps of ``place`` (:data:`REDACT_PLACES`) that change: each entry's rule comes
     from ``redact_keys(k, rule)`` (absent: ``redact``; a resource attribute is never hashed), its
-    value from ``redact_values(rule, v, r)`` (absent: unchanged) or ``mask`` for a masked key."""
+    value's rewrite from ``redact_done(how, v, r)`` (absent: unchanged) or ``mask`` for a masked key."""
     table, column, index = REDACT_PLACES[place]
     keys = ", ".join(("trace_id", "span_id", *index))
     rule = "coalesce(rk.rule, 'redact')"
@@ -308,7 +324,7 @@ UPDATE {table} SET {column} = u.m FROM (
                   FROM {table} SEMI JOIN redact_spans USING (trace_id, span_id)) e
             LEFT JOIN redact_keys rk ON rk.k = e.k
         ) e
-        LEFT JOIN redact_values x ON x.rule = e.rule AND x.v = e.v
+        LEFT JOIN redact_done x ON x.how = {_REWRITE_OF_RULE.format(rule="e.rule")} AND x.v = e.v
     )
     GROUP BY ALL HAVING bool_or(changed)
 ) u

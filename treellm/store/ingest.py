@@ -81,14 +81,14 @@ from treellm.derive.formats import CallsNotFound, InputFormat, calls_not_found_w
 from treellm.derive.transform import (
     MACROS,
     READ_COLUMNS,
+    REDACT_CHANGED_PLACES_SQL,
     REDACT_KEYS_SQL,
     REDACT_PLACES,
     REDACT_TARGETS_SQL,
-    REDACT_VALUES_SQL,
     VALIDATE_SQL,
+    redact_candidates_sql,
     redact_map_sql,
     redact_text_sql,
-    redact_texts_sql,
     stage_sql,
 )
 from treellm.errors import IngestError, StoreError
@@ -664,8 +664,9 @@ def _redact_foreign(con: duckdb.DuckDBPyConnection, capture: ForeignCapture) -> 
     argument and result texts of their calls (and of the stored calls of their traces, which the
     placement may have just rewritten). Runs after the insert of the placed rows, inside the caller's
     transaction: what was derived from the raw values stays. A key's rule is decided once per
-    distinct key; a value crosses into Python once, and only when it may change (DuckDB runs the
-    prefilter); only the rows that change are written back."""
+    distinct key; a value crosses into Python once however many places hold it (a result is an
+    attribute and a column), and only when it may change (DuckDB runs the prefilter); only the rows
+    that change are written back."""
     if not capture.active:
         return
     con.execute(REDACT_TARGETS_SQL)
@@ -675,26 +676,21 @@ def _redact_foreign(con: duckdb.DuckDBPyConnection, capture: ForeignCapture) -> 
         rule = rules[key] = capture.rule(key)  # the SQL applies it (a resource attribute is never hashed)
         if rule == "mask":
             places.add(place)
-    prefiltered = [column for column, kind in _TEXT_KINDS.items() if capture.changes_only_secrets(kind)]
-    texts = [(column, value, new) for column, value in streamed_rows(con, redact_texts_sql(prefiltered))
-             if (new := _redacted_text(capture, column, value)) != value]  # fmt: skip
+    rewrites = {column: capture.rewrite_of(kind) for column, kind in _TEXT_KINDS.items()}
     kept = [(key, rule) for key, rule in rules.items() if rule != "redact"]
     keys = columns({"k": [key for key, _ in kept], "rule": [rule for _, rule in kept]})
-    values: dict[tuple[str, str], str] = {}
+    done: list[tuple[str, str, str]] = []
     with frames_as_tables(con, redact_keys=keys):
-        for place, rule, value in streamed_rows(con, REDACT_VALUES_SQL):
-            if (new := capture.value(value, rule)) != value:
-                values[(rule, value)] = new
-                places.add(place)
-    replaced = [(rule, value, new) for (rule, value), new in values.items()]
-    frames = {
-        "redact_keys": keys,
-        "redact_texts": columns({name: [row[i] for row in texts] for i, name in enumerate(("col", "v", "r"))}),
-        "redact_values": columns({name: [row[i] for row in replaced] for i, name in enumerate(("rule", "v", "r"))}),
-    }
-    with frames_as_tables(con, **frames):
-        for column in dict.fromkeys(column for column, _, _ in texts):
-            con.execute(redact_text_sql(column))
+        for how, value in streamed_rows(con, redact_candidates_sql(rewrites)):
+            if (new := capture.rewrite(how, value)) != value:
+                done.append((how, value, new))
+    rewritten = columns({name: [row[i] for row in done] for i, name in enumerate(("how", "v", "r"))})
+    with frames_as_tables(con, redact_keys=keys, redact_done=rewritten):
+        changed = {how for how, _, _ in done}
+        for column, how in rewrites.items():
+            if how in changed:
+                con.execute(redact_text_sql(column, how))
+        places.update(place for (place,) in con.execute(REDACT_CHANGED_PLACES_SQL).fetchall())
         for place in REDACT_PLACES:
             if place in places:
                 con.execute(redact_map_sql(place, mask=MASK))
@@ -704,14 +700,7 @@ def _redact_foreign(con: duckdb.DuckDBPyConnection, capture: ForeignCapture) -> 
 _TEXT_KINDS: Final[dict[str, Literal["text", "content", "status"]]] = {
     "name": "text", "status_message": "status", "arguments": "content", "result": "content",
 }  # fmt: skip
-"""Each column of :data:`~treellm.derive.transform.REDACT_TEXT_COLUMNS` -> how a capture rewrites it."""
-
-
-def _redacted_text(capture: ForeignCapture, column: str, value: str) -> str:
-    kind = _TEXT_KINDS[column]
-    if kind == "status":
-        return capture.status(value)
-    return capture.text(value) if kind == "text" else capture.content(value)
+"""Each column of :data:`~treellm.derive.transform.REDACT_TEXT_COLUMNS` -> the capture's method for it."""
 
 
 _RUN_ROOT = (

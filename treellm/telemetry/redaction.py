@@ -108,6 +108,7 @@ __all__ = [
     "Capture",
     "CaptureMode",
     "ForeignCapture",
+    "Rewrite",
     "ValueRule",
     "content_hash",
     "error_type",
@@ -695,6 +696,11 @@ def content_hash(text: str) -> str:
     return f"[hash {digest}]"
 
 
+Rewrite = Literal["text", "hash", "status"]
+"""What :meth:`ForeignCapture.rewrite` does to a value: redact it, hash its redaction (or keep a
+literal or a hash), or keep a status message's exception type."""
+
+
 class ForeignCapture:
     """What the store keeps of other frameworks' spans under one capture mode: the redaction
     of treellm's own spans, applied to the values stored instead of the values captured.
@@ -772,11 +778,20 @@ class ForeignCapture:
         """A status message: redacted, or its exception type under ``none``."""
         return error_type(message) if self.mode == "none" else self.text(message)
 
-    def changes_only_secrets(self, kind: Literal["text", "content", "status"]) -> bool:
-        """Whether :meth:`text`, :meth:`content` or :meth:`status` (``kind``) leaves as it is every
-        value that :func:`may_hold_secret` skips, so a prefilter may keep those from it: redaction
-        does; ``none`` hashes content and keeps only a status message's exception type."""
-        return kind == "text" or self.mode != "none"
+    def rewrite_of(self, kind: Literal["text", "content", "status"]) -> Rewrite:
+        """How :meth:`text`, :meth:`content` or :meth:`status` (``kind``) rewrites a value, as one of
+        :meth:`rewrite`'s: ``text`` (redaction, which leaves every value that :func:`may_hold_secret`
+        skips as it is), ``hash`` (content under ``none``) or ``status`` (its exception type)."""
+        if kind == "text" or self.mode != "none":
+            return "text"
+        return "hash" if kind == "content" else "status"
+
+    def rewrite(self, how: Rewrite, value: str) -> str:
+        """``value`` rewritten ``how`` (:meth:`rewrite_of`; a value under a key whose rule is
+        ``redact`` or ``hash`` is rewritten so too): one call per distinct (how, value)."""
+        if how == "status":
+            return self.status(value)
+        return self.value(value, "hash") if how == "hash" else self.text(value)
 
 
 def _structural(key: str) -> bool:
