@@ -3,7 +3,8 @@
 Run: .venv/bin/python benchmarks/bench_ingest_batched.py [--spans 300000] [--keep DIR] [--repeat 1]
 
 The Collector's file exporter writes one ``TracesData`` per export batch: 50-100 spans per
-line, each with its resource and scope. Measured in one run, on the same file:
+line, each with its resource and scope. The tools' results and the models' answers are prose, each
+different, as real ones are (:data:`DATA_VERSION`). Measured in one run, on the same file:
 
 - the floor: DuckDB ``read_ndjson_objects`` of the file into an untransformed table, until its
   connection is closed (where the command ends: DuckDB checkpoints the table then), and until

@@ -23,15 +23,15 @@ from treellm.telemetry.redaction import BASE64_WORD_PATTERN, PREFILTER_PATTERN
 __all__ = [
     "MACROS",
     "READ_COLUMNS",
+    "REDACT_CHANGED_PLACES_SQL",
     "REDACT_KEYS_SQL",
     "REDACT_PLACES",
-    "REDACT_CHANGED_PLACES_SQL",
     "REDACT_RULE_REWRITES",
     "REDACT_TARGETS_SQL",
     "REDACT_TEXT_COLUMNS",
     "may_hold_secret_sql",
-    "redact_map_sql",
     "redact_candidates_sql",
+    "redact_map_sql",
     "redact_text_sql",
     "stage_sql",
 ]
