@@ -723,7 +723,7 @@ class ForeignCapture:
     TEXTS_KEPT_CHARS = 8 * 1024 * 1024
     """The characters of the texts remembered at once, past which the memo starts again: a file's
     results are mostly each different, and a memo of all of them outgrew the ingest's memory limit
-    (a 1 GB file of them peaked at 1.22 GB RSS; BENCHMARKS.md, "Batched ingest")."""
+    (a 1 GB file of them peaked at 1.22 GB RSS; BENCHMARKS.md, "Ingest memory")."""
 
     def __init__(self, mode: CaptureMode) -> None:
         self.mode = mode
