@@ -13,7 +13,7 @@ hands to Python (a prefilter in SQL first), and the updates that write back only
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final
+from typing import Final, Literal
 
 from treellm.otlp.validate import validate_sql
 from treellm.telemetry import conventions as conv
@@ -245,10 +245,12 @@ def may_hold_secret_sql(value: str) -> str:
     )
 
 
-REDACT_TEXT_COLUMNS: Final = {
-    "name": "redact_spans", "status_message": "redact_spans", "arguments": "redact_calls", "result": "redact_calls",
+REDACT_TEXT_COLUMNS: Final[dict[str, tuple[str, Literal["text", "content", "status"]]]] = {
+    "name": ("redact_spans", "text"), "status_message": ("redact_spans", "status"),
+    "arguments": ("redact_calls", "content"), "result": ("redact_calls", "content"),
 }  # fmt: skip
-"""Each span column of text redacted -> the table of the spans whose values it rewrites."""
+"""Each span column of text redacted -> (the table of the spans whose values it rewrites, what the
+capture takes its values for: :meth:`~treellm.telemetry.redaction.ForeignCapture.rewrite_of`)."""
 
 REDACT_RULE_REWRITES: Final = {"redact": "text", "hash": "hash"}
 """How a value under a key of each rule is rewritten (:meth:`~treellm.telemetry.redaction.ForeignCapture.rewrite`;
@@ -272,7 +274,7 @@ def redact_candidates_sql(column_rewrites: Mapping[str, str]) -> str:
     (:data:`REDACT_RULE_REWRITES`). Redaction (``text``) changes only what may hold a secret, so of
     those only the values that pass :func:`may_hold_secret_sql` (run in DuckDB)."""
     columns = [
-        f"SELECT '{how}' AS how, {column} AS v FROM spans SEMI JOIN {REDACT_TEXT_COLUMNS[column]} "
+        f"SELECT '{how}' AS how, {column} AS v FROM spans SEMI JOIN {REDACT_TEXT_COLUMNS[column][0]} "
         f"USING (trace_id, span_id) WHERE {column} IS NOT NULL"
         for column, how in column_rewrites.items()
     ]
@@ -292,7 +294,7 @@ SEMI JOIN redact_done d ON d.how = {_REWRITE_OF_RULE.format(rule="e.rule")} AND 
 
 def redact_text_sql(column: str, how: str) -> str:
     """Write the rewrites ``how`` of ``redact_done(how, v, r)`` into ``column`` of the targeted spans."""
-    targets = REDACT_TEXT_COLUMNS[column]
+    targets, _ = REDACT_TEXT_COLUMNS[column]
     return f"""
 UPDATE spans SET {column} = u.r
 FROM (SELECT s.trace_id, s.span_id, t.r FROM spans s SEMI JOIN {targets} USING (trace_id, span_id)

@@ -59,7 +59,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Literal
 
 import duckdb
 import orjson
@@ -85,6 +85,7 @@ from treellm.derive.transform import (
     REDACT_KEYS_SQL,
     REDACT_PLACES,
     REDACT_TARGETS_SQL,
+    REDACT_TEXT_COLUMNS,
     VALIDATE_SQL,
     redact_candidates_sql,
     redact_map_sql,
@@ -676,7 +677,7 @@ def _redact_foreign(con: duckdb.DuckDBPyConnection, capture: ForeignCapture) -> 
         rule = rules[key] = capture.rule(key)  # the SQL applies it (a resource attribute is never hashed)
         if rule == "mask":
             places.add(place)
-    rewrites = {column: capture.rewrite_of(kind) for column, kind in _TEXT_KINDS.items()}
+    rewrites = {column: capture.rewrite_of(kind) for column, (_, kind) in REDACT_TEXT_COLUMNS.items()}
     kept = [(key, rule) for key, rule in rules.items() if rule != "redact"]
     keys = columns({"k": [key for key, _ in kept], "rule": [rule for _, rule in kept]})
     done: list[tuple[str, str, str]] = []
@@ -695,12 +696,6 @@ def _redact_foreign(con: duckdb.DuckDBPyConnection, capture: ForeignCapture) -> 
             if place in places:
                 con.execute(redact_map_sql(place, mask=MASK))
     con.execute("DROP TABLE redact_spans; DROP TABLE redact_calls; DROP TABLE redact_entries")
-
-
-_TEXT_KINDS: Final[dict[str, Literal["text", "content", "status"]]] = {
-    "name": "text", "status_message": "status", "arguments": "content", "result": "content",
-}  # fmt: skip
-"""Each column of :data:`~treellm.derive.transform.REDACT_TEXT_COLUMNS` -> the capture's method for it."""
 
 
 _RUN_ROOT = (

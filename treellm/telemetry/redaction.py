@@ -770,18 +770,15 @@ class ForeignCapture:
             return content_hash(self.text(value))
         return self.text(value)
 
-    def content(self, value: str) -> str:
-        """A derived argument or result text: redacted, or hashed under ``none``."""
-        return self.value(value, "hash" if self.mode == "none" else "redact")
-
     def status(self, message: str) -> str:
         """A status message: redacted, or its exception type under ``none``."""
         return error_type(message) if self.mode == "none" else self.text(message)
 
     def rewrite_of(self, kind: Literal["text", "content", "status"]) -> Rewrite:
-        """How :meth:`text`, :meth:`content` or :meth:`status` (``kind``) rewrites a value, as one of
-        :meth:`rewrite`'s: ``text`` (redaction, which leaves every value that :func:`may_hold_secret`
-        skips as it is), ``hash`` (content under ``none``) or ``status`` (its exception type)."""
+        """How a value of ``kind`` is rewritten, as one of :meth:`rewrite`'s: a text (a span name) is
+        redacted (``text``, which leaves every value that :func:`may_hold_secret` skips as it is); so
+        is content (a derived argument or result) and a status message, but under ``none`` content
+        is hashed (``hash``) and a status message keeps its exception type (``status``)."""
         if kind == "text" or self.mode != "none":
             return "text"
         return "hash" if kind == "content" else "status"
