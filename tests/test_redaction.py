@@ -449,6 +449,38 @@ def test_the_prefilter_never_skips_a_text_that_redaction_would_change() -> None:
         assert not may_hold_secret(plain)
 
 
+def _key_context_texts(count: int, seed: int) -> list[str]:
+    """Texts made of secret-key words, every separator the rules read (in JSON escapes too),
+    quotes, flags and values; each also as JSON text (a string, a list, an object's value and
+    key, a pair, JSON inside JSON), where redaction reads it decoded."""
+    rng = random.Random(seed)
+    pieces = ["pass", "password", "Passwd", "token", "TOKEN", "key", "api", "secret", "basic", "bearer", "digest",
+              "session", "sig", "auth", "cred", "jwt", "my", "db", "x", ":", "=", "=>", " ", "  ", "\t", "\\t",
+              "\\\\t", "\n", "\\n", '"', "'", '\\"', "\\", ",", " is ", " was ", "is", "-", "--", "_", ".", "[",
+              "(", "{", "}", "]", "hunter2xyz", "abc123def456", "Ab9+/xY=", "12345678", "passed", "keys"]  # fmt: skip
+    texts = []
+    for _ in range(count):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(1, 14)))
+        texts += [text, json.dumps(text), json.dumps([text]), json.dumps({"k": text}), json.dumps({text: "hunter2xyz"})]
+        texts += [json.dumps([text, "hunter2xyz"]), json.dumps(json.dumps({text: "hunter2xyz"}))]
+    return texts
+
+
+def test_a_secret_key_word_passes_the_prefilter_only_where_a_rule_reads_it() -> None:
+    texts = _key_context_texts(6_000, seed=5)
+    skipped = [text for text in texts if not may_hold_secret(text)]
+    assert len(skipped) > 5_000  # key words out of a key's place are skipped
+    assert [text for text in skipped if redact_text(text) != text] == []
+    assert [text for text in skipped if redaction._spans(text)] == []
+    for text in [*_GATED_TEXTS, "-----BEGIN PRIVATE KEY-----\nabc", "x ('token', 'abc123def')"]:
+        assert redact_text(text) != text and may_hold_secret(text), text  # the least of each rule
+    for prose in ("5 passed, 1 failed in 0.31s", "the keys of the session were sorted", "basic usage"):
+        assert not may_hold_secret(prose), prose
+    tab_escaped = json.dumps(["curl -u\tadmin:hunter2x now"])  # a JSON tab after -u: was skipped
+    assert may_hold_secret(tab_escaped)
+    assert "hunter2x" not in redact_text(tab_escaped)
+
+
 _GATED_TEXTS = [
     "-----BEGIN RSA PRIVATE KEY-----\nMIIBOgIBAAJBAKj34GkxFhD9\n-----END RSA PRIVATE KEY-----",
     "key " + "Ab9+" * 21 + "x/==",
@@ -498,7 +530,8 @@ def test_the_gates_and_the_lower_cased_scans_change_no_secret_found() -> None:
 
 
 def test_the_sql_prefilter_lets_through_every_text_the_python_one_does() -> None:
-    texts = [*_corpus_texts(), *_fuzz_texts(5_000, seed=11)]
+    texts = [*_corpus_texts(), *_fuzz_texts(5_000, seed=11), *_key_context_texts(1_000, seed=13)]
+    texts += _folded_variants(_GATED_TEXTS)
     con = duckdb.connect()
     try:
         con.execute("CREATE TABLE t (i INTEGER, v VARCHAR)")

@@ -605,24 +605,45 @@ def error_type(message: str) -> str:
 # -- other frameworks' spans -------------------------------------------------------------------------
 
 _HINTS = (
-    # secret-key words, schemes, prose (every secret key holds one: see is_secret_key)
-    "pass", "pwd", "secret", "token", "key", "auth", "cred", "cookie", "session", "bearer", "private", "sig",
-    "jwt", "basic", "digest",
-    # URLs, JSON escapes that could hide any of these, Azure keys' padding, commands
-    "://", "\\u", "\\/", "==", "mysql", "mariadb", "sshpass", "-u ", "-u\t", "--user",
+    # URLs, JSON escapes that could hide any rule's text (a quote, a slash, any letter), Azure keys'
+    # padding, commands (``-u\`` a JSON tab after ``-u``), PEM blocks
+    "://", "\\u", "\\/", '\\"', "==", "mysql", "mariadb", "sshpass", "-u ", "-u\t", "-u\\", "--user", "-----begin",
     # provider tokens, by their prefix (lower-cased)
     "sk-", "rk_", "sk_", "pk_", "whsec_", "akia", "asia", "abia", "acca", "eyj", "ghp_", "gho_", "ghu_", "ghs_",
     "ghr_", "github_pat_", "glpat-", "xox", "aiza", "ya29.", "hf_", "npm_", "pypi-", "sg.", "sq0", "shp",
     "dop_v1_", "dapi",
 )  # fmt: skip
 _HEX32 = re.compile(r"[0-9a-fA-F]{32}")  # Twilio and Mailchimp keys
+_SCHEME_WORDS = ("bearer", "basic", "digest", "token")
+_KEY_REST = r"[^ \t\n\r:=\"\x27\\,]*"  # the rest of a key: no character a key can hold ends it
+_BLANK = r"(?:[ \t]|\\+t)"  # a space or a tab, or a tab written as a JSON escape
+_I = "[i\u0131\u0130]"
+_KEY_WORD = "(?:" + _PAIR_HINT_WORDS.replace("i", _I) + ")"
+"""A secret-key word, its ``i`` also the dotted and the dotless one: Python's case-insensitive scan
+folds them to ``i``, RE2's does not (the SQL prefilter must let through all Python's does)."""
+_KEY_CONTEXTS = (
+    rf"{_KEY_WORD}{_KEY_REST}(?:\\*[\"\x27]?{_BLANK}*[:=]|{_BLANK}+(?:{_I}s|was)|\\*[\"\x27]{_BLANK}*,)",
+    rf"{_KEY_WORD}[^\"]*\"[ \t\n\r]*[:,]",
+    rf"-{_KEY_REST}{_KEY_WORD}",
+    rf"(?:bearer|bas{_I}c|d{_I}gest|token){_BLANK}+[A-Za-z0-9._~+/=\-]{{8}}",
+)
+"""Where a secret-key word (or an auth scheme) stands as every rule that reads one needs it to,
+in the raw text (a JSON text's escapes not yet read): a key word in a key followed by ``:``,
+``=``, ``=>``, ``is`` or ``was`` (pairs, prose), or closed by a quote and a ``,`` (pair lists,
+argv lists); in a JSON key followed by ``:`` or ``,`` (a JSON key may hold anything: only a quote
+ends it, and a text with an escaped quote passes as a whole); in a flag (``--db-password``); an
+auth scheme before 8 characters of its value. Each is RE2 and Python syntax alike."""
+_KEY_CONTEXT = re.compile("(?i)" + "|".join(_KEY_CONTEXTS))
+_CONTEXT_WORDS = (*_PAIR_HINT_WORDS.split("|"), *_SCHEME_WORDS[1:3])
 
 
 def _re2_literal(text: str) -> str:
     return "".join("\\t" if c == "\t" else f"\\{c}" if c in "\\.+*?()|[]{}^$" else c for c in text)
 
 
-PREFILTER_PATTERN = "(?i)" + "|".join(_re2_literal(hint) for hint in _HINTS) + "|[0-9a-f]{32}"
+PREFILTER_PATTERN = (
+    "(?i)" + "|".join(_re2_literal(hint) for hint in _HINTS) + "|[0-9a-f]{32}|" + "|".join(_KEY_CONTEXTS)
+)
 """:func:`may_hold_secret` for a SQL engine (RE2 syntax, DuckDB's ``regexp_matches``): a text of 8
 characters or more may hold a secret when it matches this, or holds a mixed-case word of
 :data:`BASE64_WORD_PATTERN`."""
@@ -631,10 +652,11 @@ BASE64_WORD_PATTERN = "[A-Za-z0-9+/_-]{11,}"
 
 def may_hold_secret(text: str) -> bool:
     """False only for a text that :func:`redact_text` leaves as it is: a cheap prefilter
-    (substring tests on the lower-cased text, two regex scans). True when the text has 8
-    characters or more and holds a word that starts a rule here (a secret-key hint, a scheme,
-    ``://``, a JSON escape, a command, a provider token's prefix, 32 hex digits) or a mixed-case
-    base64-like word of 11 characters or more; ``tests/test_redaction.py`` checks the claim."""
+    (substring tests on the lower-cased text, a few regex scans). True when the text has 8
+    characters or more and holds a word that starts a rule here (a scheme, ``://``, a JSON
+    escape, a command, a provider token's prefix, 32 hex digits), a secret-key word where a rule
+    reads one (:data:`_KEY_CONTEXTS`: ``passed`` in prose is not) or a mixed-case base64-like word
+    of 11 characters or more; ``tests/test_redaction.py`` checks the claim."""
     if len(text) < 8:
         return False
     lower = text.lower()
@@ -642,6 +664,8 @@ def may_hold_secret(text: str) -> bool:
         if hint in lower:
             return True
     if _HEX32.search(text) is not None:
+        return True
+    if any(word in lower for word in _CONTEXT_WORDS) and _KEY_CONTEXT.search(text) is not None:
         return True
     return any(_mixed_case(match.group()) for match in _BASE64.finditer(text))
 
