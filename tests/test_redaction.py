@@ -440,7 +440,8 @@ def _fuzz_texts(count: int, seed: int = 7) -> list[str]:
 
 def test_the_prefilter_never_skips_a_text_that_redaction_would_change() -> None:
     corpus = _corpus_texts()
-    assert all(may_hold_secret(text) for text in corpus)
+    assert [text for text in corpus if not may_hold_secret(text) and redact_text(text) != text] == []
+    assert sum(map(may_hold_secret, corpus)) > len(corpus) - 5  # it skips only a few look-alikes left alone
     skipped = [text for text in _fuzz_texts(30_000) if not may_hold_secret(text)]
     assert len(skipped) > 10_000  # it does skip: most short or plain texts never reach the rules
     assert [text for text in skipped if redact_text(text) != text] == []
@@ -457,7 +458,8 @@ def _key_context_texts(count: int, seed: int) -> list[str]:
     pieces = ["pass", "password", "Passwd", "token", "TOKEN", "key", "api", "secret", "basic", "bearer", "digest",
               "session", "sig", "auth", "cred", "jwt", "my", "db", "x", ":", "=", "=>", " ", "  ", "\t", "\\t",
               "\\\\t", "\n", "\\n", '"', "'", '\\"', "\\", ",", " is ", " was ", "is", "-", "--", "_", ".", "[",
-              "(", "{", "}", "]", "hunter2xyz", "abc123def456", "Ab9+/xY=", "12345678", "passed", "keys"]  # fmt: skip
+              "(", "{", "}", "]", "hunter2xyz", "abc123def456", "Ab9+/xY=", "12345678", "passed", "keys",
+              b64("admin:hunter2x"), b64('{"token": "t0k3n-value"}'), "ConversationalRetrievalChain"]  # fmt: skip
     texts = []
     for _ in range(count):
         text = "".join(rng.choice(pieces) for _ in range(rng.randrange(1, 14)))

@@ -661,8 +661,9 @@ def may_hold_secret(text: str) -> bool:
     (substring tests on the lower-cased text, a few regex scans). True when the text has 8
     characters or more and holds a word that starts a rule here (a scheme, ``://``, a JSON
     escape, a command, a provider token's prefix, 32 hex digits), a secret-key word where a rule
-    reads one (:data:`_KEY_CONTEXTS`: ``passed`` in prose is not) or a mixed-case base64-like word
-    of 11 characters or more; ``tests/test_redaction.py`` checks the claim."""
+    reads one (:data:`_KEY_CONTEXTS`: ``passed`` in prose is not) or a mixed-case base64 word of 11
+    characters or more that decodes to text (a ``CamelCaseName`` does not);
+    ``tests/test_redaction.py`` checks the claim."""
     if len(text) < 8:
         return False
     lower = text.lower()
@@ -675,7 +676,19 @@ def may_hold_secret(text: str) -> bool:
         found = _KEY_CONTEXT_LOWER.search(lower) if text.isascii() else _KEY_CONTEXT.search(text)
         if found is not None:
             return True
-    return any(_mixed_case(match.group()) for match in _BASE64.finditer(text))
+    return any(_may_decode(text, match) for match in _BASE64.finditer(text))
+
+
+def _may_decode(text: str, match: re.Match[str]) -> bool:
+    """A base64 word that :func:`_base64_spans` reads: mixed case, decoding to text. After a
+    backslash its first letter may end a JSON escape (``\\nQWxh...`` is a line break, then the
+    word), so the word without it counts too."""
+    word = match.group()
+    if _mixed_case(word) and _base64_text(word) is not None:
+        return True
+    return (
+        text[match.start() - 1 : match.start()] == "\\" and _mixed_case(word[1:]) and _base64_text(word[1:]) is not None
+    )
 
 
 _GENERIC_LEAVES = frozenset({"value", "values", "text", "content", "raw", "data", "string", "str"})
