@@ -476,8 +476,13 @@ def test_a_secret_key_word_passes_the_prefilter_only_where_a_rule_reads_it() -> 
     assert [text for text in skipped if redaction._spans(text)] == []
     least = ["-----BEGIN PRIVATE KEY-----\nabc", "x ('token', 'abc123def')", "[\\'token\\', 12345678]"]
     least += ['{"my password"\n: "hunter2xyz"}', '[\n"my password"\n, "hunter2xyz"]', "passphrase is hunter2xyz"]
+    least += [json.dumps("[\t'token', 'abc123def']")]  # a JSON tab before a pair list's key
     for text in [*_GATED_TEXTS, *least]:
         assert redact_text(text) != text and may_hold_secret(text), text  # the least of each rule
+        for blank in (" ", "\t", "\n"):  # and as JSON text, its blanks tabs or line breaks (escaped there)
+            variant = text.replace(" ", blank)
+            for form in (json.dumps(variant), json.dumps([variant]), json.dumps(json.dumps({"k": variant}))):
+                assert may_hold_secret(form) or redact_text(form) == form, form
     for prose in ("5 passed, 1 failed in 0.31s", "the keys of the session were sorted", "basic usage", "passed is ok"):
         assert not may_hold_secret(prose), prose
     tab_escaped = json.dumps(["curl -u\tadmin:hunter2x now"])  # a JSON tab after -u: was skipped

@@ -617,7 +617,8 @@ _HEX32 = re.compile(r"[0-9a-fA-F]{32}")  # Twilio and Mailchimp keys
 _SCHEME_WORDS = ("bearer", "basic", "digest", "token")
 _KEY_REST = r"[^ \t\n\r:=\"\x27\\,]*"  # the rest of a key: no character a key can hold ends it
 _BLANK = r"(?:[ \t]|\\+t)"  # a space or a tab, or a tab written as a JSON escape
-_I = "[i\u0131\u0130]"
+_DOTTED_I = "\u0131\u0130"  # the dotless and the dotted i
+_I = f"[i{_DOTTED_I}]"
 _KEY_WORD = "(?:" + _PAIR_HINT_WORDS.replace("i", _I) + ")"
 """A secret-key word, its ``i`` also the dotted and the dotless one: Python's case-insensitive scan
 folds them to ``i`` (and a class of letters holds them), RE2's does not (the SQL prefilter must
@@ -625,11 +626,11 @@ let through all Python's does)."""
 _KEY_CONTEXTS = (
     rf"{_KEY_WORD}{_KEY_REST}\\*[\"\x27]?{_BLANK}*[:=]",
     rf"(?:pass(?:word|wd|phrase)|pwd|secret|token|key){_BLANK}+(?:{_I}s|was)",
-    rf"[\[(][ \t]*\\*[\"\x27]{_KEY_REST}{_KEY_WORD}{_KEY_REST}\\*[\"\x27]{_BLANK}*,",
+    rf"[\[(]{_BLANK}*\\*[\"\x27]{_KEY_REST}{_KEY_WORD}{_KEY_REST}\\*[\"\x27]{_BLANK}*,",
     rf"\"[^\"]*{_KEY_WORD}[^\"]*\"[ \t\n\r]*:",
     rf"\[[ \t\n\r]*\"[^\"]*{_KEY_WORD}[^\"]*\"[ \t\n\r]*,",
     rf"-{_KEY_REST}{_KEY_WORD}",
-    rf"(?:bearer|bas{_I}c|d{_I}gest|token){_BLANK}+[A-Za-z0-9._~+/=\-{_I[2:4]}]{{8}}",
+    rf"(?:bearer|bas{_I}c|d{_I}gest|token){_BLANK}+[A-Za-z0-9._~+/=\-{_DOTTED_I}]{{8}}",
 )
 """Where a secret-key word (or an auth scheme) stands as every rule that reads one needs it to,
 in the raw text (a JSON text's escapes not yet read; a text with an escaped quote passes as a
