@@ -244,6 +244,7 @@ def test_capture_none_stores_only_hashes(tmp_path: Path) -> None:
         statuses = {
             s for (s,) in con.execute("SELECT DISTINCT status_message FROM spans WHERE status_code = 2").fetchall()
         }
+        services = con.execute("SELECT DISTINCT resource_attributes['service.name'] FROM spans").fetchall()
     finally:
         con.close()
     # loop analytics still work: a signature for every call with arguments (the attribute entries'
@@ -252,6 +253,7 @@ def test_capture_none_stores_only_hashes(tmp_path: Path) -> None:
     assert calls is not None and calls[1] == calls[0] - len(ATTRIBUTES) > 0
     assert calls[2] == calls[0] - len(ATTRIBUTES)
     assert statuses <= {"error", "RuntimeError"} | {None}  # an exception type, never the message
+    assert services == [("foreign-agent",)]  # a resource attribute is redacted, never hashed
 
 
 def test_own_spans_keep_what_their_capture_recorded(tmp_path: Path) -> None:

@@ -258,13 +258,17 @@ a ``mask`` needs no value)."""
 
 _REWRITE_OF_RULE = "CASE {rule} " + " ".join(f"WHEN '{r}' THEN '{h}'" for r, h in REDACT_RULE_REWRITES.items()) + " END"
 
-_RULED_ENTRIES = """
-SELECT e.place, e.v, CASE WHEN rk.rule = 'hash' AND e.place = 'resource_attributes' THEN 'redact'
-                          ELSE coalesce(rk.rule, 'redact') END AS rule
+_ENTRY_RULE = (
+    "CASE WHEN {place} = 'resource_attributes' AND rk.rule = 'hash' THEN 'redact' ELSE coalesce(rk.rule, 'redact') END"
+)
+"""The rule of an entry of the place ``{place}`` whose key's rule is ``rk.rule`` (``redact_keys rk``; absent:
+``redact``; a resource attribute is never hashed)."""
+
+_RULED_ENTRIES = f"""
+SELECT e.place, e.v, {_ENTRY_RULE.format(place="e.place")} AS rule
 FROM redact_entries e LEFT JOIN redact_keys rk ON rk.k = e.k
 """
-"""Each distinct entry of ``redact_entries`` with its key's rule from ``redact_keys(k, rule)`` (absent:
-``redact``; a resource attribute is never hashed)."""
+"""Each distinct entry of ``redact_entries`` with its rule (:data:`_ENTRY_RULE`)."""
 
 
 def redact_candidates_sql(column_rewrites: Mapping[str, str]) -> str:
@@ -304,14 +308,12 @@ WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id
 
 
 def redact_map_sql(place: str, *, mask: str) -> str:
-    """Rebuild the maps of ``place`` (:data:`REDACT_PLACES`) that change: each entry's rule comes
-    from ``redact_keys(k, rule)`` (absent: ``redact``; a resource attribute is never hashed), its
-    value's rewrite from ``redact_done(how, v, r)`` (absent: unchanged) or ``mask`` for a masked key."""
+    """Rebuild the maps of ``place`` (:data:`REDACT_PLACES`) that change: each entry's rule is
+    :data:`_ENTRY_RULE`, its value's rewrite from ``redact_done(how, v, r)`` (absent: unchanged)
+    or ``mask`` for a masked key."""
     table, column, index = REDACT_PLACES[place]
     keys = ", ".join(("trace_id", "span_id", *index))
-    rule = "coalesce(rk.rule, 'redact')"
-    if place == "resource_attributes":
-        rule = "CASE WHEN rk.rule = 'mask' THEN 'mask' ELSE 'redact' END"
+    rule = _ENTRY_RULE.format(place=f"'{place}'")
     where = " AND ".join(f"{table}.{key} = u.{key}" for key in ("trace_id", "span_id", *index))
     return f"""
 UPDATE {table} SET {column} = u.m FROM (
