@@ -490,6 +490,45 @@ def test_a_secret_key_word_passes_the_prefilter_only_where_a_rule_reads_it() -> 
     assert "hunter2x" not in redact_text(tab_escaped)
 
 
+def _real_texts() -> list[str]:
+    """Every string of the real SWE-agent and mini-swe-agent trajectories of ``tests/data`` (8
+    characters or more), and each as JSON text, as a message or tool result is stored."""
+    found: set[str] = set()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str):
+            found.add(value)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    data = Path(__file__).parent / "data"
+    for path in sorted([*data.glob("swe-agent/*.traj"), *data.glob("mini-swe-agent/*/*.traj.json")]):
+        walk(json.loads(path.read_text(encoding="utf-8")))
+    texts = sorted(text for text in found if len(text) >= 8)
+    return texts + [json.dumps(text) for text in texts]
+
+
+def test_the_prefilters_skip_no_real_text_that_redaction_changes() -> None:
+    texts = _real_texts()
+    assert len(texts) > 10_000
+    skipped = [text for text in texts if not may_hold_secret(text)]
+    assert len(skipped) > len(texts) // 2  # most of a coding agent's texts never reach the rules
+    assert [text for text in skipped if redact_text(text) != text] == []
+    assert sum(redact_text(text) != text for text in texts) > 50  # the trajectories do hold what it masks
+    con = duckdb.connect()
+    try:
+        con.execute("CREATE TABLE t (i INTEGER, v VARCHAR)")
+        con.executemany("INSERT INTO t VALUES (?, ?)", list(enumerate(texts)))
+        kept = {i for (i,) in con.execute(f"SELECT i FROM t WHERE {may_hold_secret_sql('v')}").fetchall()}
+    finally:
+        con.close()
+    assert [text for i, text in enumerate(texts) if may_hold_secret(text) and i not in kept] == []
+
+
 _GATED_TEXTS = [
     "-----BEGIN RSA PRIVATE KEY-----\nMIIBOgIBAAJBAKj34GkxFhD9\n-----END RSA PRIVATE KEY-----",
     "key " + "Ab9+" * 21 + "x/==",
@@ -541,6 +580,11 @@ def test_the_gates_and_the_lower_cased_scans_change_no_secret_found() -> None:
 def test_the_sql_prefilter_lets_through_every_text_the_python_one_does() -> None:
     texts = [*_corpus_texts(), *_fuzz_texts(5_000, seed=11), *_key_context_texts(1_000, seed=13)]
     texts += [*_folded_variants(_GATED_TEXTS), "bearer \u0131\u0130\u0131\u0130\u0131\u0130\u0131\u0130"]
+    texts += [
+        "key x bas\u0131c abcdefgh1",
+        "token x pr\u0131vate: v1",
+        "key x ap\u0131 key is v1",
+    ]  # another word lets Python scan
     con = duckdb.connect()
     try:
         con.execute("CREATE TABLE t (i INTEGER, v VARCHAR)")

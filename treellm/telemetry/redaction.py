@@ -215,7 +215,8 @@ _PEM = re.compile(
     re.DOTALL,
 )
 _URL_USERINFO = re.compile(r"(?i)\b[a-z][a-z0-9+.\-]{0,20}://(?P<user>[^\s/:@\"'<>]*)(?::(?P<pw>[^\s/@\"'<>]+))?@")
-_SCHEME = re.compile(rf"(?i)\b(?:bearer|basic|digest|token)[ \t]+(?P<v>[A-Za-z0-9._~+/=\-]{{8,}}{_CONTINUATION})")
+_SCHEME_WORDS = ("bearer", "basic", "digest", "token")
+_SCHEME = re.compile(rf"(?i)\b(?:{'|'.join(_SCHEME_WORDS)})[ \t]+(?P<v>[A-Za-z0-9._~+/=\-]{{8,}}{_CONTINUATION})")
 _PAIR = re.compile(
     rf"""
     (?P<key>[A-Za-z_][\w.\-]{{0,80}})(?<=[A-Za-z0-9_])
@@ -246,8 +247,9 @@ _COMMANDS = [
 _COMMAND = re.compile(
     "(?<![\\w-])(?:" + "|".join(f"(?:{c})".replace("?P<v>", f"?P<v{i}>") for i, c in enumerate(_COMMANDS)) + ")"
 )
+_PROSE_KEYS = r"password|passwd|passphrase|pwd|secret|token|api[ _-]?key"
 _PROSE_WORDS = (
-    r"\b(?:password|passwd|passphrase|pwd|secret|token|api[ _-]?key)[ \t]+(?:is|was|=|:)[ \t]+"
+    rf"\b(?:{_PROSE_KEYS})[ \t]+(?:is|was|=|:)[ \t]+"
     r"(?P<v>[^\s,;'\"]+?)(?=[.,;:!?)]?(?:\s|\Z))"
 )
 _PROSE = re.compile(f"(?i){_PROSE_WORDS}")
@@ -431,7 +433,7 @@ _FINDERS: list[_Finder | _Gated] = [
     _Gated(_pair_spans, literals=(":", "=")),
     _Gated(_each(_FLAG, _flag_spans), literals=("--",)),
     _Gated(_each(_COMMAND, lambda m: _group_spans(m, _COMMAND_GROUPS)), literals=("mysql", "mariadb", "sshpass", "-u")),
-    _Gated(_each(_SCHEME, _scheme_spans), words=("bearer", "basic", "digest", "token")),
+    _Gated(_each(_SCHEME, _scheme_spans), words=_SCHEME_WORDS),
     _Gated(_prose_spans, words=("pass", "pwd", "secret", "token", "api")),
     _Gated(_each(_PAIR_ITEM, _pair_item_spans), literals=('"', "'")),
     _Gated(_each(_QUOTED_FLAG, _quoted_flag_spans), literals=('"-', "'-")),
@@ -614,7 +616,6 @@ _HINTS = (
     "dop_v1_", "dapi",
 )  # fmt: skip
 _HEX32 = re.compile(r"[0-9a-fA-F]{32}")  # Twilio and Mailchimp keys
-_SCHEME_WORDS = ("bearer", "basic", "digest", "token")
 _KEY_REST = r"[^ \t\n\r:=\"\x27\\,]*"  # the rest of a key: no character a key can hold ends it
 _BLANK = r"(?:[ \t]|\\+t)"  # a space or a tab, or a tab written as a JSON escape
 _DOTTED_I = "\u0131\u0130"  # the dotless and the dotted i
@@ -625,12 +626,12 @@ folds them to ``i`` (and a class of letters holds them), RE2's does not (the SQL
 let through all Python's does)."""
 _KEY_CONTEXTS = (
     rf"{_KEY_WORD}{_KEY_REST}\\*[\"\x27]?{_BLANK}*[:=]",
-    rf"(?:pass(?:word|wd|phrase)|pwd|secret|token|key){_BLANK}+(?:{_I}s|was)",
+    rf"(?:{_PROSE_KEYS.replace('i', _I)}){_BLANK}+(?:{_I}s|was)",
     rf"[\[(]{_BLANK}*\\*[\"\x27]{_KEY_REST}{_KEY_WORD}{_KEY_REST}\\*[\"\x27]{_BLANK}*,",
     rf"\"[^\"]*{_KEY_WORD}[^\"]*\"[ \t\n\r]*:",
     rf"\[[ \t\n\r]*\"[^\"]*{_KEY_WORD}[^\"]*\"[ \t\n\r]*,",
     rf"-{_KEY_REST}{_KEY_WORD}",
-    rf"(?:bearer|bas{_I}c|d{_I}gest|token){_BLANK}+[A-Za-z0-9._~+/=\-{_DOTTED_I}]{{8}}",
+    rf"(?:{'|'.join(_SCHEME_WORDS).replace('i', _I)}){_BLANK}+[A-Za-z0-9._~+/=\-{_DOTTED_I}]{{8}}",
 )
 """Where a secret-key word (or an auth scheme) stands as every rule that reads one needs it to,
 in the raw text (a JSON text's escapes not yet read; a text with an escaped quote passes as a
@@ -642,7 +643,8 @@ before 8 characters of its value. ``passed is`` in prose and a word in a quoted 
 _KEY_CONTEXT = re.compile("(?i)" + "|".join(_KEY_CONTEXTS))
 _KEY_CONTEXT_LOWER = re.compile("|".join(_KEY_CONTEXTS))
 """:data:`_KEY_CONTEXT` over the lower-cased text of an ASCII text (the same answer, faster)."""
-_CONTEXT_WORDS = (*_PAIR_HINT_WORDS.split("|"), *_SCHEME_WORDS[1:3])
+_CONTEXT_WORDS = tuple(dict.fromkeys((*_PAIR_HINT_WORDS.split("|"), *_SCHEME_WORDS)))
+"""Words one of :data:`_KEY_CONTEXTS` needs (the scan runs only on a text that holds one)."""
 
 
 def _re2_literal(text: str) -> str:
