@@ -25,6 +25,7 @@ from clickhouse_rows import exporter_rows, file_rows, insert_sql
 from test_clickhouse import normalised
 
 from treellm import analysis as A
+from treellm.analysis import explorer
 from treellm.cli import main
 from treellm.derive.formats import detect_format, iter_traces_data
 from treellm.derive.transform import WRITTEN_BACK
@@ -153,6 +154,29 @@ def test_other_frameworks_views_agree_cell_for_cell(
     columns = [c for c in frame.columns if c != "source" and not c.endswith("_raw")]
     select = f"SELECT {', '.join(f'`{c}`' for c in columns)} FROM {view}"
     assert normalised(foreign.df(select)) == normalised(duck_foreign.execute(select.replace("`", '"')).df())
+
+
+def test_the_run_explorer_reads_other_frameworks_results_alike_on_both_engines(
+    foreign: ClickHouseConnection, duck_foreign: Any
+) -> None:
+    """A call's result held only by its attribute (its ``result`` column NULL, read back by
+    ``result_sql``): each run's nodes and a search for a result's words give the same on both
+    engines, and the search finds the run."""
+    held = duck_foreign.execute(
+        "SELECT t.run_id, t.result FROM tool_calls t JOIN spans s USING (trace_id, span_id) "
+        "WHERE s.result IS NULL AND length(t.result) >= 20 ORDER BY t.run_id, t.span_id"
+    ).fetchall()
+    runs = sorted({run for run, _ in held})
+    assert len(runs) >= 5
+    for run in runs:
+        a, b = explorer.run_nodes(foreign, run), explorer.run_nodes(duck_foreign, run)
+        assert list(a.columns) == list(b.columns) and len(b)
+        assert a.astype(str).values.tolist() == b.astype(str).values.tolist()
+    run, text = held[0]
+    query = explorer.RunQuery(text=text[:20])
+    a, b = explorer.run_table(foreign, query=query), explorer.run_table(duck_foreign, query=query)
+    assert run in list(b["run_id"])
+    assert a.astype(str).values.tolist() == b.astype(str).values.tolist()
 
 
 def test_a_second_pass_finds_nothing_and_a_lost_watermark_duplicates_nothing(foreign: ClickHouseConnection) -> None:

@@ -854,3 +854,80 @@ def test_a_frame_handed_to_duckdb_inside_a_transaction_is_not_kept_until_the_com
     assert kept["tables"]() is None
     assert con.execute("SELECT count(*) FROM sink").fetchone() == (4,)
     con.execute("COMMIT")
+
+
+# --- a result stored once ---------------------------------------------------------------------------
+
+
+def _kv(key: str, value: str) -> dict[str, Any]:
+    return {"key": key, "value": {"stringValue": value}}
+
+
+def _result_spans() -> list[dict[str, Any]]:
+    """An agent whose calls hold their results every way the conventions read one."""
+    trace = "ab" * 16
+
+    def span(n: int, name: str, attributes: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
+        return {"traceId": trace, "spanId": f"{n:016x}", "parentSpanId": "" if n == 1 else f"{1:016x}", "name": name,
+                "kind": 1, "startTimeUnixNano": str(T0 + n * US), "endTimeUnixNano": str(T0 + n * US + 1),
+                "attributes": attributes, **more}  # fmt: skip
+
+    tool = [_kv("openinference.span.kind", "TOOL"), _kv("tool.name", "search")]
+    envelope = json.dumps({"type": "tool", "data": {"content": "3 rows", "tool_call_id": "call_2", "id": "m2"}})
+    message = {"timeUnixNano": str(T0), "name": "gen_ai.choice", "attributes": [_kv("message", "from the event")]}
+    return [
+        span(1, "agent", [_kv("openinference.span.kind", "AGENT"), _kv("agent.name", "finder")]),
+        span(2, "search", [*tool, _kv("input.value", '{"q": "a"}'), _kv("output.value", "plain quokka rows")]),
+        span(3, "search", [*tool, _kv("input.value", '{"q": "b"}'), _kv("output.value", envelope)]),
+        span(4, "execute_tool search", [_kv("gen_ai.operation.name", "execute_tool"), _kv("gen_ai.tool.name", "search"),
+                                        _kv("gen_ai.tool.call.arguments", '{"q": "c"}')], events=[message]),
+        span(5, "search", [*tool, _kv("input.value", '{"q": "d"}'), _kv("gen_ai.tool.call.result", "first key"),
+                           _kv("output.value", "second key")]),
+        span(6, "llm", [_kv("openinference.span.kind", "LLM"), _kv("llm.token_count.prompt", "3"),
+                        _kv("output.value", "the model's answer")]),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("capture", ["full", "redacted", "none"])
+def test_a_result_is_stored_once_and_read_back_as_the_conventions_read_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capture: str
+) -> None:
+    """A call's result that equals the attribute it was read from is held by that attribute alone
+    (the ``result`` column is NULL); an envelope's content and an event's text are stored. Every
+    reader takes the same result: the ``tool_calls`` view, the run explorer and its search; a
+    model's output is no call's result. Under ``none`` the attribute's hash is the result's."""
+    from treellm.analysis import explorer
+    from treellm.telemetry import redaction
+
+    monkeypatch.setenv("TREELLM_CAPTURE", capture)
+    monkeypatch.setattr(redaction, "_default", None)
+    source = tmp_path / "results.jsonl"
+    scope = {"scope": {"name": "openinference.test"}, "spans": _result_spans()}
+    doc = {"resourceSpans": [{"resource": {"attributes": [_kv("service.name", "finder")]}, "scopeSpans": [scope]}]}
+    source.write_text(json.dumps(doc) + "\n", encoding="utf-8")
+    db = tmp_path / "r.duckdb"
+    ingest(db, [source])
+    seen = {"full": lambda t: t, "redacted": lambda t: t, "none": redaction.content_hash}[capture]
+    con = open_store(db, read_only=True)
+    try:
+        stored = dict(con.execute("SELECT span_id, result FROM spans").fetchall())
+        assert {k[-1]: v for k, v in stored.items()} == {
+            "1": None,
+            "2": None,
+            "3": seen("3 rows"),
+            "4": seen("from the event"),
+            "5": None,
+            "6": None,
+        }
+        read = dict(con.execute("SELECT span_id, result FROM tool_calls").fetchall())
+        expected = {"2": "plain quokka rows", "3": "3 rows", "4": "from the event", "5": "first key"}
+        assert {k[-1]: v for k, v in read.items()} == {k: seen(v) for k, v in expected.items()}
+        (run_id,) = con.execute("SELECT run_id FROM runs").fetchone() or ("",)
+        nodes = explorer.run_nodes(con, run_id)
+        shown = {str(s)[-1]: r for s, r in zip(nodes["span_id"], nodes["result"], strict=True) if isinstance(r, str)}
+        assert shown == {k: seen(v) for k, v in expected.items()}  # the model's node shows no result
+        found = explorer.run_table(con, query=explorer.RunQuery(text="quokka"))
+        assert list(found["run_id"]) == ([run_id] if capture != "none" else [])
+        assert explorer.run_table(con, query=explorer.RunQuery(text="model's answer")).empty
+    finally:
+        con.close()

@@ -20,6 +20,7 @@ import pandas as pd
 
 from treellm.analysis.filters import Filters
 from treellm.analysis.measures import CLICKHOUSE_SETTINGS, REPEATS_SQL
+from treellm.derive.transform import result_sql
 from treellm.store.backend import Connection, StoreConnection, as_connection
 from treellm.store.clickhouse_views import DERIVED_SPANS
 
@@ -163,7 +164,8 @@ _NODE_COLUMNS = """n.node_id AS node_id, n.kind AS kind, n.parent_id AS parent_i
 _RUN_NODES_SQL = f"""
 SELECT {_NODE_COLUMNS.format(limit='"limit"', text="s.attributes['treellm.think.text']")}
 FROM nodes n
-JOIN (SELECT x.trace_id, x.span_id, x.name, x.arguments, x.result, x.input_tokens, x.output_tokens, x.attributes
+JOIN (SELECT x.trace_id, x.span_id, x.name, x.arguments, {result_sql("x")} AS result, x.input_tokens,
+             x.output_tokens, x.attributes
       FROM spans x WHERE {{in_run_x}}) s USING (trace_id, span_id)
 WHERE {{in_run_n}}
 ORDER BY n.start_ns, n.node_id
@@ -176,7 +178,7 @@ _RUN_NODES_SQL_CLICKHOUSE = _RUN_NODES_SQL.replace(
         limit="`limit`",
         text="if(mapContains(s.attributes, 'treellm.think.text'), s.attributes['treellm.think.text'], NULL)",
     ),
-)
+).replace(result_sql("x"), result_sql("x", clickhouse=True))
 
 
 def _in_run(c: Connection, alias: str, run_id: str, trace_ids: Sequence[str] | None = None) -> tuple[str, list[Any]]:
@@ -320,7 +322,7 @@ LIMIT {limit}
 # ClickHouse's is the backslash, always.
 _TEXT_MATCH = """(r.run_id ILIKE ?{escape} OR r.trace_id ILIKE ?{escape} OR r.source ILIKE ?{escape} OR r.run_id IN (
     SELECT s.run_id FROM spans s
-    WHERE s.run_id IS NOT NULL AND s.tool_name IS NOT NULL AND (s.arguments ILIKE ?{escape} OR s.result ILIKE ?{escape})
+    WHERE s.run_id IS NOT NULL AND s.tool_name IS NOT NULL AND (s.arguments ILIKE ?{escape} OR {result} ILIKE ?{escape})
     UNION ALL
     SELECT l.run_id FROM loop_events l WHERE l.arguments ILIKE ?{escape}))"""
 
@@ -344,7 +346,11 @@ def run_table(con: StoreConnection, filters: Filters | None = None, query: RunQu
         clauses.append("r.outcome = ?")
         params.append(q.outcome)
     if q.text:
-        clauses.append(_TEXT_MATCH.format(escape="" if clickhouse else " ESCAPE '\\'"))
+        clauses.append(
+            _TEXT_MATCH.format(
+                escape="" if clickhouse else " ESCAPE '\\'", result=result_sql("s", clickhouse=clickhouse)
+            )
+        )
         params += [like_pattern(q.text)] * _TEXT_MATCH.count("?")  # each place takes the pattern
     sql = _RUN_TABLE_SQL.format(
         repeats=REPEATS_SQL.format(where=repeat_where), where=" AND ".join(clauses), sort=_SORT_COLUMNS[q.sort],

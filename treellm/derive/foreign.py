@@ -64,12 +64,14 @@ import orjson
 
 from treellm import settings
 from treellm.derive import trees_sql
+from treellm.derive.transform import attribute_result_sql
 from treellm.derive.trees import Placement, SpanFacts, place_traces
 from treellm.engine import repeats
 from treellm.engine.tools import result_hash
 from treellm.loop import CallKey, Paths
 from treellm.signature import RawArguments, canonical_json, hash_text, parse_arguments, signature
 from treellm.telemetry import conventions
+from treellm.telemetry import semconv as sc
 
 __all__ = [
     "DEFAULT_INTERNAL",
@@ -336,6 +338,9 @@ _ANSWERED = ("convention", "operation", "tool_name", "tool_call_id", "arguments"
              "result_hash", "internal")  # fmt: skip
 FOREIGN_COLUMNS: Final[dict[str, str]] = {
     **{column: f"CASE WHEN u.span_id IS NULL THEN f.{column} ELSE u.{column} END" for column in _ANSWERED},
+    "result": "CASE WHEN u.span_id IS NULL THEN f.result "
+    f"WHEN u.operation = '{sc.OP_EXECUTE_TOOL}' AND u.result IS NOT DISTINCT FROM {attribute_result_sql('f')} "
+    "THEN NULL ELSE u.result END",
     "model": "coalesce(f.model, u.model)",
     "agent_name": "coalesce(f.agent_name, u.agent_name)",
     "node_status": "CASE WHEN u.span_id IS NULL THEN f.node_status "
@@ -343,7 +348,8 @@ FOREIGN_COLUMNS: Final[dict[str, str]] = {
 }
 """The span columns that the conventions' answers decide: SQL over the new row ``f`` and its answer
 ``u`` (``foreign_answers``, joined by ``LEFT JOIN foreign_answers u USING`` nothing but the span's
-keys), for the insert of the new spans (:mod:`treellm.store.ingest`)."""
+keys), for the insert of the new spans (:mod:`treellm.store.ingest`). A call's result is stored NULL
+where it equals the attribute it was read from (read back by ``transform.result_sql``)."""
 
 
 def _role_stub(key: str) -> tuple[str, dict[str, Any]]:

@@ -29,10 +29,13 @@ __all__ = [
     "REDACT_RULE_REWRITES",
     "REDACT_TARGETS_SQL",
     "REDACT_TEXT_COLUMNS",
+    "RESULT_ATTRIBUTE_KEYS",
+    "attribute_result_sql",
     "may_hold_secret_sql",
     "redact_candidates_sql",
     "redact_map_sql",
     "redact_text_sql",
+    "result_sql",
     "stage_sql",
 ]
 
@@ -188,6 +191,39 @@ SELECT
     rest AS attributes, resource_attributes, scope_name, scope_version, events, links
 FROM flat
 """
+
+
+# -- a result stored once ----------------------------------------------------------------------------
+# A tool call of another framework records its result as an attribute, which ``attributes`` keeps.
+# Its ``result`` column holds the result the conventions read only where that differs from the
+# attribute (an envelope unwrapped, a result from an event): else it is NULL, and a reader takes
+# the attribute through :func:`result_sql`. Held twice, the results were a third of what an ingest
+# of such spans wrote (BENCHMARKS.md, "Batched ingest").
+
+RESULT_ATTRIBUTE_KEYS: Final = tuple(key for key in conv.RESULT_KEYS if key not in conv.EVENT_SOURCES)
+"""The span attributes that a result is read from, in the conventions' order (an event's come after them)."""
+
+
+def attribute_result_sql(alias: str, *, clickhouse: bool = False) -> str:
+    """The first of :data:`RESULT_ATTRIBUTE_KEYS` that the attributes of the spans row ``alias``
+    hold, else NULL (ClickHouse reads a missing key as '': ``mapContains`` tells them apart)."""
+    if clickhouse:
+        found = ", ".join(
+            f"mapContains({alias}.attributes, '{k}'), {alias}.attributes['{k}']" for k in RESULT_ATTRIBUTE_KEYS
+        )
+        return f"multiIf({found}, NULL)"
+    return "coalesce(" + ", ".join(f"{alias}.attributes['{k}']" for k in RESULT_ATTRIBUTE_KEYS) + ")"
+
+
+def result_sql(alias: str, *, clickhouse: bool = False) -> str:
+    """The result of the spans row ``alias`` as every reader takes it: its ``result`` column, else,
+    for a tool call of another framework, the attribute it was read from (:func:`attribute_result_sql`;
+    the ingest stores the column NULL only where the two are equal)."""
+    return (
+        f"CASE WHEN {alias}.convention IS NOT NULL AND {alias}.operation = '{sc.OP_EXECUTE_TOOL}' "
+        f"THEN coalesce({alias}.result, {attribute_result_sql(alias, clickhouse=clickhouse)}) "
+        f"ELSE {alias}.result END"
+    )
 
 
 VALIDATE_SQL: Final = validate_sql("stage")

@@ -4,7 +4,9 @@ Raw tables (the source of truth), keyed by (trace_id, span_id):
 
 - ``spans``: one row per span, the attributes that the analysis filters and groups
   on promoted to typed columns, every attribute kept in ``attributes`` (a MAP of
-  text), resource attributes, scope, ``service_name``, ``day`` and ``source``.
+  text), resource attributes, scope, ``service_name``, ``day`` and ``source``. A call of
+  another framework holds its result once: ``result`` is NULL where it equals the attribute it
+  was read from (read a span's result through ``derive.transform.result_sql``).
 - ``span_events`` and ``span_links``: keyed by their span and position; each row
   carries its span's ``service_name`` and ``day`` so the three tables partition alike.
 

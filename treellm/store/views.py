@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from treellm.derive.near import PAIR_CANDIDATE_COLUMNS
+from treellm.derive.transform import result_sql
 
 __all__ = [
     "CALLS_SQL",
@@ -124,7 +125,9 @@ TOOL_CALLS: Final = View(
             "status",
             f"CASE WHEN {_STATUS_FAILED} THEN 'failed' ELSE 'completed' END",
         ),
-        *_same("arguments", "result", "start_ns", "end_ns"),
+        Column("arguments", "s.arguments"),
+        Column("result", result_sql("s")),
+        *_same("start_ns", "end_ns"),
         Column("duration_ns", "(s.end_ns - s.start_ns)"),
         *_same("service_name", "agent_name", "model", "skill_stack", "day", "source", "earlier_node_ids"),
         Column("internal", "coalesce(s.internal, false)"),
