@@ -18,6 +18,7 @@ import pytest
 
 from treellm.analysis import repeat_outcome_by_tool
 from treellm.derive import foreign
+from treellm.derive.transform import result_sql
 from treellm.derive.trees import EarlierIds
 from treellm.engine import repeats
 from treellm.engine.tools import result_hash
@@ -191,7 +192,8 @@ def test_each_span_stores_what_read_span_says_of_it(tmp_path: Path) -> None:
     columns = list(_oracle(*CASES[0]))
     con = open_store(db, read_only=True)
     try:
-        rows = con.execute(f"SELECT span_id, {', '.join(columns)} FROM spans WHERE span_id <> '{ROOT}'").fetchall()
+        read = ", ".join(f"{result_sql('s')} AS result" if c == "result" else f"s.{c}" for c in columns)  # stored once
+        rows = con.execute(f"SELECT s.span_id, {read} FROM spans s WHERE s.span_id <> '{ROOT}'").fetchall()
     finally:
         con.close()
     stored = {row[0]: dict(zip(columns, row[1:], strict=True)) for row in rows}

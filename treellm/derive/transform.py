@@ -197,8 +197,8 @@ FROM flat
 # A tool call of another framework records its result as an attribute, which ``attributes`` keeps.
 # Its ``result`` column holds the result the conventions read only where that differs from the
 # attribute (an envelope unwrapped, a result from an event): else it is NULL, and a reader takes
-# the attribute through :func:`result_sql`. Held twice, the results were a third of what an ingest
-# of such spans wrote (BENCHMARKS.md, "Batched ingest").
+# the attribute through :func:`result_sql`. Held twice, the results made such a store 16-30% larger
+# (BENCHMARKS.md, "Batched ingest").
 
 RESULT_ATTRIBUTE_KEYS: Final = tuple(key for key in conv.RESULT_KEYS if key not in conv.EVENT_SOURCES)
 """The span attributes that a result is read from, in the conventions' order (an event's come after them)."""
