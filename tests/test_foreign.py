@@ -34,6 +34,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
+from treellm.analysis import explorer
 from treellm.derive.formats import (
     detect_format,
     iter_traces_data,
@@ -45,6 +46,7 @@ from treellm.errors import IngestError
 from treellm.otlp import spans_to_traces_data, traces_data_line
 from treellm.signature import canonical_json, parse_arguments
 from treellm.store import ingest, open_store
+from treellm.telemetry import redaction
 
 DATA = Path(__file__).parent / "data" / "external"
 OPENAI = DATA / "any-agent-OPENAI_trace.json"
@@ -896,9 +898,6 @@ def test_a_result_is_stored_once_and_read_back_as_the_conventions_read_it(
     (the ``result`` column is NULL); an envelope's content and an event's text are stored. Every
     reader takes the same result: the ``tool_calls`` view, the run explorer and its search; a
     model's output is no call's result. Under ``none`` the attribute's hash is the result's."""
-    from treellm.analysis import explorer
-    from treellm.telemetry import redaction
-
     monkeypatch.setenv("TREELLM_CAPTURE", capture)
     monkeypatch.setattr(redaction, "_default", None)
     source = tmp_path / "results.jsonl"
