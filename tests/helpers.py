@@ -1,7 +1,9 @@
-"""Shared helpers for the executor tests: a history validator and scripted responders."""
+"""Shared helpers of the tests: a history validator, scripted responders, recorded requests and the
+real texts of the trajectories of ``tests/data``."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -60,3 +62,25 @@ def recorded_requests(path: Path) -> list[TracesData]:
         out.append(TracesData.FromString(data[pos + 4 : pos + 4 + size]))
         pos += 4 + size
     return out
+
+
+def real_trajectory_texts() -> list[str]:
+    """Every string of the real SWE-agent and mini-swe-agent trajectories of ``tests/data`` (8
+    characters or more), and each as JSON text, as a message or tool result is stored."""
+    found: set[str] = set()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str):
+            found.add(value)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    data = Path(__file__).parent / "data"
+    for path in sorted([*data.glob("swe-agent/*.traj"), *data.glob("mini-swe-agent/*/*.traj.json")]):
+        walk(json.loads(path.read_text(encoding="utf-8")))
+    texts = sorted(text for text in found if len(text) >= 8)
+    return texts + [json.dumps(text) for text in texts]

@@ -22,7 +22,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pytest
+from helpers import real_trajectory_texts
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
@@ -35,6 +37,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from treellm.analysis import explorer
+from treellm.derive.foreign import result_read_sql
 from treellm.derive.formats import (
     detect_format,
     iter_traces_data,
@@ -42,11 +45,13 @@ from treellm.derive.formats import (
     sdk_json_to_traces_data,
     trajectories_to_traces_data,
 )
+from treellm.engine.repeats import ToolRule, is_failure
 from treellm.errors import IngestError
 from treellm.otlp import spans_to_traces_data, traces_data_line
 from treellm.signature import canonical_json, parse_arguments
 from treellm.store import ingest, open_store
 from treellm.telemetry import redaction
+from treellm.telemetry.conventions import unwrap_result
 
 DATA = Path(__file__).parent / "data" / "external"
 OPENAI = DATA / "any-agent-OPENAI_trace.json"
@@ -888,6 +893,44 @@ def _result_spans() -> list[dict[str, Any]]:
         span(6, "llm", [_kv("openinference.span.kind", "LLM"), _kv("llm.token_count.prompt", "3"),
                         _kv("output.value", "the model's answer")]),
     ]  # fmt: skip
+
+
+_RESULT_EDGES = [
+    "plain prose of 42 words", "42", " 42 \n", "-1.5e3", "42 files found", "1\n2", "-", "true", "trueish",
+    " null ", "nullable", "", " ", "(1, 2)", "[1]", "\t{\"a\": 1}", "\"quoted\"", "x [1]", "{not json",
+    "content='3 rows' name='search' tool_call_id='call_3'", "content='3 rows' name='search'",
+    "<returncode>1</returncode>", "<returncode>0</returncode>", "Traceback (most recent call last):\n  x",
+    "Error: x", "\u00a0error: x", "\x0bError: x", "\x1cError: x", "\u2003Error: x", "the error: x",
+    "done: changes have NOT been applied yet", "an error occurred", '{"error": "x"}', ' {"data": 1, "error": {}}',
+    '{"lc": 1, "type": "constructor", "id": ["ToolMessage"], "kwargs": {"content": "3 rows", "tool_call_id": "c"}}',
+    '{"result": "from adk"}', "[{'type': 'text', 'text': 'a block'}]",
+]  # fmt: skip
+"""Results at each edge of the rules: texts that may be JSON or a Python literal, envelopes, a
+LangChain ``repr``, each default failure pattern (after whitespace Python's ``\\s`` knows and RE2's
+does not), and plain texts close to them."""
+
+
+def test_sql_sends_python_every_result_that_is_not_its_own_text_or_may_have_failed() -> None:
+    """The SQL that keeps plain results from Python (``result_read_sql``) passes over no result
+    whose content or call id an envelope gives, and none that the default failure rule fails."""
+    texts = real_trajectory_texts() + _RESULT_EDGES
+    con = duckdb.connect()
+    try:
+        con.execute("CREATE TABLE t (i INTEGER, v VARCHAR)")
+        con.executemany("INSERT INTO t VALUES (?, ?)", list(enumerate(texts)))
+        read = {i for (i,) in con.execute(f"SELECT i FROM t WHERE {result_read_sql('v')}").fetchall()}
+    finally:
+        con.close()
+    changed = [i for i, text in enumerate(texts) if unwrap_result(text) != (text, None)]
+    failed = [i for i, text in enumerate(texts) if is_failure(ToolRule(), text)]
+    assert len(changed) > 1_000 and len(failed) > 100  # the texts do hold both
+    assert [texts[i] for i in (*changed, *failed) if i not in read] == []
+    passed_over = len(texts) - len(read)
+    assert passed_over > len(texts) // 4  # most plain texts never reach Python
+    assert {text for i, text in enumerate(_RESULT_EDGES, len(texts) - len(_RESULT_EDGES)) if i not in read} == {
+        "plain prose of 42 words", "42 files found", "1\n2", "trueish", "nullable", " ", "x [1]", "an error occurred",
+        "content='3 rows' name='search'",
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize("capture", ["full", "redacted", "none"])

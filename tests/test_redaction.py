@@ -23,6 +23,7 @@ from typing import Any
 
 import duckdb
 import pytest
+from helpers import real_trajectory_texts
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -490,28 +491,6 @@ def test_a_secret_key_word_passes_the_prefilter_only_where_a_rule_reads_it() -> 
     assert "hunter2x" not in redact_text(tab_escaped)
 
 
-def _real_texts() -> list[str]:
-    """Every string of the real SWE-agent and mini-swe-agent trajectories of ``tests/data`` (8
-    characters or more), and each as JSON text, as a message or tool result is stored."""
-    found: set[str] = set()
-
-    def walk(value: Any) -> None:
-        if isinstance(value, str):
-            found.add(value)
-        elif isinstance(value, dict):
-            for item in value.values():
-                walk(item)
-        elif isinstance(value, list):
-            for item in value:
-                walk(item)
-
-    data = Path(__file__).parent / "data"
-    for path in sorted([*data.glob("swe-agent/*.traj"), *data.glob("mini-swe-agent/*/*.traj.json")]):
-        walk(json.loads(path.read_text(encoding="utf-8")))
-    texts = sorted(text for text in found if len(text) >= 8)
-    return texts + [json.dumps(text) for text in texts]
-
-
 def _python_passes_sql_skips(texts: list[str]) -> list[str]:
     """The texts that Python's prefilter lets through and DuckDB's (RE2) skips: none, for the SQL
     prefilter to be safe."""
@@ -526,7 +505,7 @@ def _python_passes_sql_skips(texts: list[str]) -> list[str]:
 
 
 def test_the_prefilters_skip_no_real_text_that_redaction_changes() -> None:
-    texts = _real_texts()
+    texts = real_trajectory_texts()
     assert len(texts) > 10_000
     skipped = [text for text in texts if not may_hold_secret(text)]
     assert len(skipped) > len(texts) // 2  # most of a coding agent's texts never reach the rules

@@ -54,7 +54,7 @@ import functools
 import gc
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
 
@@ -86,6 +86,8 @@ __all__ = [
     "internal_tools",
     "place_foreign",
     "read_foreign",
+    "result_read_sql",
+    "streamed_batches",
     "streamed_rows",
 ]
 
@@ -276,13 +278,58 @@ def frames_as_tables(con: duckdb.DuckDBPyConnection, **frames: Columns) -> Itera
         con.execute(f"DROP TABLE IF EXISTS {name}")
 
 
-def streamed_rows(con: duckdb.DuckDBPyConnection, sql: str, rows: int = 10_000) -> Iterator[tuple[Any, ...]]:
+def streamed_batches(con: duckdb.DuckDBPyConnection, sql: str, rows: int = 10_000) -> Iterator[list[tuple[Any, ...]]]:
     """The rows of ``sql``, fetched ``rows`` at a time, for a loop that runs no other statement on
     ``con`` meanwhile: the distinct texts of a chunk (results, values to redact) are mostly each
     different, and all of them at once held a hundred MB and more in Python."""
     cursor = con.execute(sql)
     while batch := cursor.fetchmany(rows):
+        yield batch
+
+
+def streamed_rows(con: duckdb.DuckDBPyConnection, sql: str, rows: int = 10_000) -> Iterator[tuple[Any, ...]]:
+    """The rows of :func:`streamed_batches`, one at a time."""
+    for batch in streamed_batches(con, sql, rows):
         yield from batch
+
+
+def _contains_any(value: str, texts: Iterable[str]) -> str:
+    return " OR ".join(f"contains({value}, '{text.replace(chr(39), chr(39) * 2)}')" for text in texts)
+
+
+_RE2_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r", " ": " "}
+
+
+def _re2_class(characters: Iterable[str]) -> str:
+    """An RE2 character class of ``characters``, each escaped."""
+    return "[" + "".join(_RE2_ESCAPES.get(c, c if c.isalnum() else "\\" + c) for c in sorted(characters)) + "]"
+
+
+_NUMBER_STARTS = frozenset("-0123456789")
+"""The characters of :data:`conventions.JSON_STARTS` that start a number, the rest an object, an
+array or a string: a JSON text that starts with a number (or a literal) is nothing else."""
+_SPACE = _re2_class(conventions.JSON_SPACE)
+_MAY_BE_LITERAL = (
+    f"^(?:{_SPACE}*(?:{_re2_class(conventions.JSON_STARTS - _NUMBER_STARTS)}|"
+    f"(?:{_re2_class(_NUMBER_STARTS)}[-+.0-9Ee]*|{'|'.join(conventions.JSON_LITERALS)}){_SPACE}*$)"
+    f"|{_re2_class(conventions.PYTHON_LITERAL_STARTS)})"
+)
+"""RE2: a text that may be JSON (an object, an array or a string after :data:`conventions.JSON_SPACE`,
+or nothing but a number or a JSON literal) or a Python literal
+(:data:`conventions.PYTHON_LITERAL_STARTS` first)."""
+
+
+def result_read_sql(value: str) -> str:
+    """SQL, true for every result text (the expression ``value``) that Python must read: one that
+    :func:`conventions.unwrap_result` may not give back as it is, without a call id (a text that may
+    be JSON or a Python literal, an empty one, a LangChain ``repr`` with a call id), or that the
+    default failure rule may match (:data:`repeats.DEFAULT_ERROR_NEEDS`). Any other text is its own
+    result and no failure: of the 193,931 distinct prose results of BENCHMARKS.md's batched file,
+    Python only hashes them (unwrapping them and the failure rule cost 0.8 s more)."""
+    return (
+        f"({value} = '' OR regexp_matches({value}, '{_MAY_BE_LITERAL}') OR "
+        f"{_contains_any(value, (conventions.LANGCHAIN_CALL_ID, *repeats.DEFAULT_ERROR_NEEDS))})"
+    )
 
 
 _NUMPY_TYPES = {"b": "BOOLEAN", "i": "BIGINT", "u": "UBIGINT", "f": "DOUBLE"}
@@ -409,18 +456,23 @@ def _read_calls(con: duckdb.DuckDBPyConnection, internal: frozenset[str]) -> Non
     read = [conventions.arguments_of(tuple(orjson.loads(key))) for key in args_keys]
     args = columns({"args_key": args_keys, "arguments": [a for a, _ in read], "argument_id": [i for _, i in read]})
     con.execute(
-        "CREATE OR REPLACE TEMP TABLE foreign_result_texts AS SELECT row_number() OVER () AS result_id, result_text "
+        "CREATE OR REPLACE TEMP TABLE foreign_result_texts AS "
+        f"SELECT row_number() OVER () AS result_id, result_text, {result_read_sql('result_text')} AS read "
         f"FROM (SELECT DISTINCT i.result_text {_TOOL_ROWS} AND i.result_text IS NOT NULL)"
     )
     ids: list[int] = []
-    unwrapped: list[str | None] = []
-    envelopes: list[str | None] = []
-    failed: list[bool] = []
     hashes: list[str] = []
-    for result_id, text in streamed_rows(con, "SELECT result_id, result_text FROM foreign_result_texts"):
+    for batch in streamed_batches(con, "SELECT result_id, result_text FROM foreign_result_texts WHERE NOT read"):
+        ids += [result_id for result_id, _ in batch]  # the text is the result: no envelope, no failure
+        hashes += [result_hash(text) for _, text in batch]
+    plain = len(ids)
+    unwrapped: list[str | None] = [None] * plain  # None: the text itself, not held twice
+    envelopes: list[str | None] = [None] * plain
+    failed: list[bool] = [False] * plain
+    for result_id, text in streamed_rows(con, "SELECT result_id, result_text FROM foreign_result_texts WHERE read"):
         result, envelope = conventions.unwrap_result(text)
         ids.append(result_id)
-        unwrapped.append(None if result == text else result)  # None: the text itself, not held twice
+        unwrapped.append(None if result == text else result)
         envelopes.append(str(envelope) if envelope else None)
         failed.append(repeats.is_failure(_DEFAULT_RULE, result))
         hashes.append(result_hash(result))

@@ -59,6 +59,7 @@ from treellm.shell import DEFAULT_SHELL_TOOLS, CommandTargets, command_targets, 
 from treellm.signature import RawArguments, arguments_problem, canonical_json, parse_arguments
 
 __all__ = [
+    "DEFAULT_ERROR_NEEDS",
     "DEFAULT_ERROR_WHEN",
     "DEFAULT_EDITOR_TOOLS",
     "PATH_ARGUMENTS",
@@ -112,6 +113,17 @@ DEFAULT_ERROR_WHEN: tuple[str, ...] = (
     r'"error"\s*:(?!\s*(?:null\b|false\b|""|\[\s*\]|\{\s*\}))',
 )
 """The failure rule of a tool that sets no ``error_when``."""
+
+DEFAULT_ERROR_NEEDS: tuple[str, ...] = (
+    "</returncode>",
+    "Traceback (most recent call last):",
+    "rror:",
+    "changes have NOT been applied",
+    '"error"',
+)
+"""A text that a pattern of :data:`DEFAULT_ERROR_WHEN` matches holds the text at the same place
+here (each pattern's literal part): a text that holds none of them is no failure by the default
+rule, which lets SQL pass over most results before Python reads them (``derive/foreign.py``)."""
 
 
 def _config_error(setting: str, expected: str, got: object) -> ConfigError:

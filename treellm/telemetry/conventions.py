@@ -70,11 +70,16 @@ __all__ = [
     "CONTENT_SWITCHES",
     "DEFAULT_INTERNAL_TOOLS",
     "EVENT_SOURCES",
+    "JSON_LITERALS",
+    "JSON_SPACE",
+    "JSON_STARTS",
+    "LANGCHAIN_CALL_ID",
     "SUMMARY_TOOLS",
     "LLM_OPERATIONS",
     "MARKER_KEYS",
     "MODEL_KEYS",
     "NAME_PREFIXES",
+    "PYTHON_LITERAL_STARTS",
     "RESULT_KEYS",
     "ROLE_KEYS",
     "TOOL_NAME_KEYS",
@@ -311,15 +316,23 @@ def _first(attributes: Mapping[str, str], keys: Sequence[str]) -> str | None:
     return None
 
 
-_JSON_STARTS = frozenset('{["-0123456789')
-"""The characters a JSON text can start with after its leading whitespace, but for the literals
-``true``, ``false`` and ``null``: any other text is not JSON, and is told so without the parser's
-error (most results are plain text, each distinct)."""
+JSON_SPACE: Final = " \t\n\r"
+"""The whitespace JSON allows before a text's value."""
+JSON_STARTS: Final = frozenset('{["-0123456789')
+"""The characters a JSON text can start with after its leading whitespace (:data:`JSON_SPACE`),
+but for the literals ``true``, ``false`` and ``null`` (:data:`JSON_LITERALS`): any other text is
+not JSON, and is told so without the parser's error (most results are plain text, each distinct)."""
+JSON_LITERALS: Final = ("true", "false", "null")
+PYTHON_LITERAL_STARTS: Final = "{[("
+"""The first characters of a text that is tried as a Python literal when it is no JSON (LangChain
+records dicts by ``str()``)."""
+LANGCHAIN_CALL_ID: Final = " tool_call_id="
+"""What a LangChain message's ``repr`` holds when it gives a call id (:func:`unwrap_result`)."""
 
 
 def _may_be_json(text: str) -> bool:
-    head = text.lstrip(" \t\n\r")
-    return head[:1] in _JSON_STARTS or head.startswith(("true", "false", "null"))
+    head = text.lstrip(JSON_SPACE)
+    return head[:1] in JSON_STARTS or head.startswith(JSON_LITERALS)
 
 
 def _loads(text: str) -> Any:
@@ -329,7 +342,7 @@ def _loads(text: str) -> Any:
             return orjson.loads(text)
         except (orjson.JSONDecodeError, RecursionError):
             pass
-    if len(text) < 1_000_000 and text[:1] in "{[(":
+    if len(text) < 1_000_000 and text[:1] in PYTHON_LITERAL_STARTS:
         try:
             return ast.literal_eval(text)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
@@ -522,7 +535,7 @@ def unwrap_result(text: str) -> tuple[str, str | None]:
 def _text_result(value: str) -> tuple[str, str | None]:
     """A result that is text: a LangChain message's ``repr`` gives its content and call id."""
     match = _LANGCHAIN_REPR.match(value)
-    if match and " tool_call_id=" in value:
+    if match and LANGCHAIN_CALL_ID in value:
         call = re.search(r" tool_call_id=(['\"])(.*?)\1", value)
         return match.group("content"), call.group(2) if call else None
     return value, None
