@@ -71,7 +71,6 @@ from treellm.engine.tools import result_hash
 from treellm.loop import CallKey, Paths
 from treellm.signature import RawArguments, canonical_json, hash_text, parse_arguments, signature
 from treellm.telemetry import conventions
-from treellm.telemetry import semconv as sc
 
 __all__ = [
     "DEFAULT_INTERNAL",
@@ -229,6 +228,7 @@ SELECT f.trace_id, f.span_id,
                                           AND NOT {_has(_TRACELOOP_NAME)} THEN f.name END)) AS VARCHAR) AS tool_key,
        CAST(to_json([{", ".join(_value(k) for k in conventions.ARGUMENT_KEYS)}]) AS VARCHAR) AS args_key,
        coalesce({", ".join(_value(k) for k in conventions.RESULT_KEYS)}) AS result_text,
+       result_text IS NOT DISTINCT FROM {attribute_result_sql("f")} AS result_held,
        {_first_value(conventions.CALL_ID_KEYS)} AS call_first,
        {_first_value(conventions.MODEL_KEYS)} AS model_first,
        {_first_value(conventions.AGENT_NAME_KEYS)} AS agent_first
@@ -363,7 +363,8 @@ CREATE OR REPLACE TEMP TABLE foreign_answers AS
            CASE x.role {_OPERATION_OF_ROLE} END AS operation,
            t.tool_name,
            CASE WHEN x.role = 'tool' THEN coalesce(x.call_first, o.envelope_id, a.argument_id) END AS tool_call_id,
-           a.arguments, coalesce(o.result, rt.result_text) AS result, g.signature,
+           a.arguments, CASE WHEN o.result IS NOT NULL THEN o.result WHEN NOT x.result_held THEN rt.result_text END
+               AS result, g.signature,
            CASE WHEN t.tool_name <> '' THEN o.result_hash END AS result_hash,
            CASE WHEN x.role = 'llm' THEN x.model_first END AS model,
            CASE WHEN x.role = 'agent' THEN x.agent_first END AS agent_name,
@@ -385,9 +386,6 @@ _ANSWERED = ("convention", "operation", "tool_name", "tool_call_id", "arguments"
              "result_hash", "internal")  # fmt: skip
 FOREIGN_COLUMNS: Final[dict[str, str]] = {
     **{column: f"CASE WHEN u.span_id IS NULL THEN f.{column} ELSE u.{column} END" for column in _ANSWERED},
-    "result": "CASE WHEN u.span_id IS NULL THEN f.result "
-    f"WHEN u.operation = '{sc.OP_EXECUTE_TOOL}' AND u.result IS NOT DISTINCT FROM {attribute_result_sql('f')} "
-    "THEN NULL ELSE u.result END",
     "model": "coalesce(f.model, u.model)",
     "agent_name": "coalesce(f.agent_name, u.agent_name)",
     "node_status": "CASE WHEN u.span_id IS NULL THEN f.node_status "
@@ -395,8 +393,10 @@ FOREIGN_COLUMNS: Final[dict[str, str]] = {
 }
 """The span columns that the conventions' answers decide: SQL over the new row ``f`` and its answer
 ``u`` (``foreign_answers``, joined by ``LEFT JOIN foreign_answers u USING`` nothing but the span's
-keys), for the insert of the new spans (:mod:`treellm.store.ingest`). A call's result is stored NULL
-where it equals the attribute it was read from (read back by ``transform.result_sql``)."""
+keys), for the insert of the new spans (:mod:`treellm.store.ingest`). A call's result is NULL in
+the answers where its text is the attribute it was read from and its own result (``result_held``
+of ``foreign_in``, and nothing unwrapped): the attribute holds it (read back by
+``transform.result_sql``), and no copy of each result is held until the insert."""
 
 
 def _role_stub(key: str) -> tuple[str, dict[str, Any]]:

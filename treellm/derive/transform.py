@@ -221,7 +221,7 @@ def attribute_result_sql(alias: str, *, clickhouse: bool = False) -> str:
 def result_sql(alias: str, *, clickhouse: bool = False) -> str:
     """The result of the spans row ``alias`` as every reader takes it: its ``result`` column, else,
     for a tool call of another framework, the attribute it was read from (:func:`attribute_result_sql`;
-    the ingest stores the column NULL only where the two are equal)."""
+    the ingest stores the column NULL only where the attribute holds the result)."""
     return (
         f"CASE WHEN {alias}.convention IS NOT NULL AND {alias}.operation = '{sc.OP_EXECUTE_TOOL}' "
         f"THEN coalesce({alias}.result, {attribute_result_sql(alias, clickhouse=clickhouse)}) "
