@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import duckdb
 from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
 
 from treellm import ModelRequest, ModelTurn
@@ -84,3 +85,15 @@ def real_trajectory_texts() -> list[str]:
         walk(json.loads(path.read_text(encoding="utf-8")))
     texts = sorted(text for text in found if len(text) >= 8)
     return texts + [json.dumps(text) for text in texts]
+
+
+def flagged_by_sql(texts: Sequence[str], predicate: Callable[[str], str]) -> set[int]:
+    """The positions of ``texts`` where DuckDB finds the SQL ``predicate(column)`` true: for a
+    check that a prefilter written in SQL lets through every text its Python rule needs."""
+    con = duckdb.connect()
+    try:
+        con.execute("CREATE TABLE t (i INTEGER, v VARCHAR)")
+        con.executemany("INSERT INTO t VALUES (?, ?)", list(enumerate(texts)))
+        return {i for (i,) in con.execute(f"SELECT i FROM t WHERE {predicate('v')}").fetchall()}
+    finally:
+        con.close()

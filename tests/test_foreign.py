@@ -24,7 +24,7 @@ from typing import Any
 
 import duckdb
 import pytest
-from helpers import real_trajectory_texts
+from helpers import flagged_by_sql, real_trajectory_texts
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
@@ -833,7 +833,6 @@ def test_a_frame_handed_to_duckdb_inside_a_transaction_is_not_kept_until_the_com
     import gc
     import weakref
 
-    import duckdb
     import pandas as pd
 
     from treellm.derive.foreign import columns, frames_as_tables
@@ -914,13 +913,7 @@ def test_sql_sends_python_every_result_that_is_not_its_own_text_or_may_have_fail
     """The SQL that keeps plain results from Python (``result_read_sql``) passes over no result
     whose content or call id an envelope gives, and none that the default failure rule fails."""
     texts = real_trajectory_texts() + _RESULT_EDGES
-    con = duckdb.connect()
-    try:
-        con.execute("CREATE TABLE t (i INTEGER, v VARCHAR)")
-        con.executemany("INSERT INTO t VALUES (?, ?)", list(enumerate(texts)))
-        read = {i for (i,) in con.execute(f"SELECT i FROM t WHERE {result_read_sql('v')}").fetchall()}
-    finally:
-        con.close()
+    read = flagged_by_sql(texts, result_read_sql)
     changed = [i for i, text in enumerate(texts) if unwrap_result(text) != (text, None)]
     failed = [i for i, text in enumerate(texts) if is_failure(ToolRule(), text)]
     assert len(changed) > 1_000 and len(failed) > 100  # the texts do hold both
