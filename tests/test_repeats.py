@@ -30,6 +30,7 @@ from treellm import (
     TreeExecutor,
 )
 from treellm.engine.repeats import (
+    DEFAULT_ERROR_NEEDS,
     DEFAULT_ERROR_WHEN,
     RepeatPolicy,
     ToolSettings,
@@ -266,6 +267,13 @@ def test_merge_rule_takes_each_field_the_file_sets() -> None:
 )
 def test_the_default_failure_rule(text: str, failed: bool) -> None:
     assert is_failure(ToolRule(), text) is failed
+
+
+def test_each_default_failure_pattern_has_its_literal_part_for_the_sql_prefilter() -> None:
+    """``DEFAULT_ERROR_NEEDS`` names a literal part of each default pattern, in their order (whether
+    SQL passes over no failing text is ``test_foreign``'s check, on real texts)."""
+    for pattern, part in zip(DEFAULT_ERROR_WHEN, DEFAULT_ERROR_NEEDS, strict=True):
+        assert part in pattern.replace("\\", "")
 
 
 def test_raised_and_status_errors_always_fail_and_a_custom_rule_replaces_the_defaults() -> None:

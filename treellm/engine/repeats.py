@@ -121,9 +121,10 @@ DEFAULT_ERROR_NEEDS: tuple[str, ...] = (
     "changes have NOT been applied",
     '"error"',
 )
-"""A text that a pattern of :data:`DEFAULT_ERROR_WHEN` matches holds the text at the same place
-here (each pattern's literal part): a text that holds none of them is no failure by the default
-rule, which lets SQL pass over most results before Python reads them (``derive/foreign.py``)."""
+"""The literal part of each pattern of :data:`DEFAULT_ERROR_WHEN`, in the same order: a pattern
+matches only a text that holds its part (``rror:`` of ``[Ee]rror:``), so a text that holds none is
+no failure by the default rule, and SQL passes over most results before Python reads them
+(``derive/foreign.py``). A new pattern needs its part here."""
 
 
 def _config_error(setting: str, expected: str, got: object) -> ConfigError:
