@@ -294,7 +294,7 @@ def streamed_rows(con: duckdb.DuckDBPyConnection, sql: str, rows: int = 10_000) 
 
 
 def _contains_any(value: str, texts: Iterable[str]) -> str:
-    return " OR ".join(f"contains({value}, '{text.replace(chr(39), chr(39) * 2)}')" for text in texts)
+    return " OR ".join(f"contains({value}, {_sql_list([text])[1:-1]})" for text in texts)
 
 
 _RE2_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r", " ": " "}
@@ -327,7 +327,7 @@ def result_read_sql(value: str) -> str:
     result and no failure: of the 193,931 distinct prose results of BENCHMARKS.md's batched file,
     Python only hashes them (unwrapping them and the failure rule cost 0.8 s more)."""
     return (
-        f"({value} = '' OR regexp_matches({value}, '{_MAY_BE_LITERAL}') OR "
+        f"({value} = '' OR regexp_matches({value}, {_sql_list([_MAY_BE_LITERAL])[1:-1]}) OR "
         f"{_contains_any(value, (conventions.LANGCHAIN_CALL_ID, *repeats.DEFAULT_ERROR_NEEDS))})"
     )
 
