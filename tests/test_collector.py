@@ -799,15 +799,14 @@ from treellm.cli import main
 
 ingest = importlib.import_module("treellm.store.ingest")  # the module (the package re-exports a function of that name)
 
-load_stage = ingest._load_stage
+insert_prepared = ingest._insert_prepared
 
 def held(con):
-    result = load_stage(con)
+    insert_prepared(con)
     print("inserted, not committed", flush=True)
     sys.stdin.read()
-    return result
 
-ingest._load_stage = held
+ingest._insert_prepared = held
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from treellm.errors import IngestError, StoreError
 from treellm.store import ingest, open_store
 from treellm.store.ingest import LINE_SPANS, split_traces_data
 from treellm.telemetry import conventions
+
+ingest_module = importlib.import_module("treellm.store.ingest")  # the package re-exports a function of that name
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 ROOT = "b7ad6b7169203331"
@@ -276,3 +279,111 @@ def test_a_duckdb_error_inside_the_placement_is_reported_as_itself(
     assert "Conversion Error" in str(caught.value)
     assert "transaction is aborted" not in str(caught.value)
     assert not isinstance(caught.value, IngestError)  # no bad line: the file is not sent to the validator
+
+
+_PLACED_COLUMNS = ("run_id", "node_kind", "node_parent_id", "node_depth", "ordinal", "convention", "operation",
+                   "tool_name", "signature", "result_hash", "node_status")  # fmt: skip
+
+
+def _placed_rows(db: Path) -> dict[str, tuple[Any, ...]]:
+    con = open_store(db, read_only=True)
+    try:
+        rows = con.execute(f"SELECT span_id, {', '.join(_PLACED_COLUMNS)} FROM spans").fetchall()
+    finally:
+        con.close()
+    return {row[0]: row[1:] for row in rows}
+
+
+def test_a_file_prepared_before_its_transaction_is_prepared_again_when_the_store_changed_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ingest reads the conventions of its first chunk before its transaction begins (their
+    working tables are freed then). Spans that another connection of the process deletes in
+    between are new again inside the transaction: they are read, placed and stored as a clean
+    ingest stores them, never stored raw."""
+    root = _span(-1, "invoke_agent main", {"gen_ai.operation.name": "invoke_agent"}, 0, ())
+    root["spanId"] = ROOT
+    del root["parentSpanId"]
+    spans = [root] + [_span(i, *case) for i, case in enumerate(CASES)]
+    clean = tmp_path / "clean.duckdb"
+    whole = _write(tmp_path / "spans.jsonl", spans)
+    ingest(clean, [whole], capture="full")
+    db = tmp_path / "store.duckdb"
+    half = len(spans) // 2
+    ingest(db, [_write(tmp_path / "half.jsonl", spans[:half])], capture="full")
+    prepared: list[tuple[int, int]] = []
+    prepare = ingest_module._prepare_staged
+
+    def prepared_then_deleted(con: Any) -> tuple[int, int]:
+        counts = prepare(con)
+        if not prepared:  # before the transaction: another connection deletes the stored half
+            other = con.cursor()
+            for table in ("spans", "span_events", "span_links"):
+                other.execute(f"DELETE FROM {table}")
+            other.close()
+        prepared.append(counts)
+        return counts
+
+    monkeypatch.setattr(ingest_module, "_prepare_staged", prepared_then_deleted)
+    report = ingest(db, [whole], capture="full")
+    assert prepared == [(len(spans) - half, half), (len(spans), 0)]  # prepared again: every span is new
+    assert report.spans == len(spans) and report.duplicates == 0 and report.runs == 1
+    assert _placed_rows(db) == _placed_rows(clean)
+    assert all(row[_PLACED_COLUMNS.index("convention")] is not None for row in _placed_rows(db).values())
+
+
+def test_a_file_whose_stored_keys_did_not_change_is_prepared_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _span(-1, "invoke_agent main", {"gen_ai.operation.name": "invoke_agent"}, 0, ())
+    root["spanId"] = ROOT
+    del root["parentSpanId"]
+    spans = [root] + [_span(i, *case) for i, case in enumerate(CASES)]
+    db = tmp_path / "store.duckdb"
+    half = len(spans) // 2
+    ingest(db, [_write(tmp_path / "half.jsonl", spans[:half])], capture="full")
+    calls: list[tuple[int, int]] = []
+    prepare = ingest_module._prepare_staged
+    monkeypatch.setattr(ingest_module, "_prepare_staged", lambda con: calls.append(prepare(con)) or calls[-1])
+    report = ingest(db, [_write(tmp_path / "spans.jsonl", spans)], capture="full")
+    assert calls == [(len(spans) - half, half)]
+    assert report.spans == len(spans) - half and report.duplicates == half
+
+
+def test_a_file_placed_before_its_transaction_is_placed_again_when_its_traces_gained_spans_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The placement of the first chunk also runs before the transaction, over the stored rows of
+    its traces. Children of its run that another ingest of the process stores in between are
+    placed in that run, as when they were stored first."""
+    root = _span(-1, "invoke_agent main", {"gen_ai.operation.name": "invoke_agent"}, 0, ())
+    root["spanId"] = ROOT
+    del root["parentSpanId"]
+    children = [_span(i, *case) for i, case in enumerate(CASES)]
+    first, meanwhile, last = children[:5], children[5:12], [root, *children[12:]]
+    files = [_write(tmp_path / f"{name}.jsonl", part) for name, part in (("a", first), ("b", meanwhile), ("c", last))]
+    in_turn = tmp_path / "in_turn.duckdb"
+    for path in files:
+        ingest(in_turn, [path], capture="full")
+    db = tmp_path / "store.duckdb"
+    ingest(db, [files[0]], capture="full")
+    prepared: list[tuple[int, int]] = []
+    prepare = ingest_module._prepare_staged
+
+    def prepared_then_stored_elsewhere(con: Any) -> tuple[int, int]:
+        counts = prepare(con)
+        prepared.append(counts)
+        if len(prepared) == 1:  # before the transaction: another ingest of this process stores more children
+            monkeypatch.setattr(ingest_module, "_prepare_staged", prepare)
+            ingest(db, [files[1]], capture="full")
+            monkeypatch.setattr(ingest_module, "_prepare_staged", prepared_then_stored_elsewhere)
+        return counts
+
+    monkeypatch.setattr(ingest_module, "_prepare_staged", prepared_then_stored_elsewhere)
+    report = ingest(db, [files[2]], capture="full")
+    assert prepared == [(len(last), 0), (len(last), 0)]  # prepared again inside the transaction
+    assert report.spans == len(last) and report.runs == 1
+    rows = _placed_rows(db)
+    assert rows == _placed_rows(in_turn)
+    run_id = rows[ROOT][_PLACED_COLUMNS.index("run_id")]
+    assert run_id is not None and all(rows[span["spanId"]][0] == run_id for span in meanwhile)

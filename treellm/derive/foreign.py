@@ -1,12 +1,15 @@
 """The placement of other frameworks' spans: conventions, runs, trees and ordinals, inside an ingest.
 
-Contract: every function runs inside the caller's transaction, never commits, and raises
-whatever DuckDB raises. Before the insert, :func:`read_foreign` reads the temporary view ``fresh``
-(the spans an ingest is about to insert) and leaves what :mod:`treellm.telemetry.conventions` says
-of them in ``foreign_answers`` (the insert's :data:`FOREIGN_COLUMNS`); then :func:`place_foreign`
-reads the view ``incoming`` (those rows as they will be stored) and the stored rows of their
-traces, updates the stored rows whose placement by :mod:`treellm.derive.trees` changed, and leaves
-the new rows' placement in ``foreign_placed`` (the insert's :data:`PLACED_COLUMNS`). So a new row
+Contract: no function commits, and each raises whatever DuckDB raises; only
+:func:`update_stored` writes the store, inside the caller's transaction. Before the insert,
+:func:`read_foreign` reads the temporary view ``fresh`` (the spans an ingest is about to insert)
+and leaves what :mod:`treellm.telemetry.conventions` says of them in ``foreign_answers`` (the
+insert's :data:`FOREIGN_COLUMNS`); then :func:`place_foreign` reads the view ``incoming`` (those
+rows as they will be stored) and the stored rows of their traces, and leaves the placement by
+:mod:`treellm.derive.trees` in ``foreign_placed``: the new rows' for the insert
+(:data:`PLACED_COLUMNS`), the stored rows' for :func:`update_stored`, which writes those that
+changed. The two may run before the ingest's transaction begins (their working tables are freed
+then), with :data:`PLACED_FROM` to tell whether the stored rows they read changed meanwhile. So a new row
 is written once, placed: an UPDATE of every new row after its insert cost more than the placement
 itself, most of it in the commit (BENCHMARKS.md, "Batched ingest"). :func:`finish_foreign` drops
 the working tables after the insert. The rules are theirs; this module only moves data, so that
@@ -77,6 +80,7 @@ __all__ = [
     "EARLIER_KEPT",
     "FOREIGN_COLUMNS",
     "PLACED_COLUMNS",
+    "PLACED_FROM",
     "PLACED_JOINS",
     "Columns",
     "columns",
@@ -88,6 +92,7 @@ __all__ = [
     "result_read_sql",
     "streamed_batches",
     "streamed_rows",
+    "update_stored",
 ]
 
 DEFAULT_INTERNAL = frozenset(conventions.DEFAULT_INTERNAL_TOOLS)
@@ -217,7 +222,7 @@ _NAME_CLASS = (
 _TRACELOOP_NAME = conventions.TRACELOOP_NAME
 _FOREIGN_INPUT = f"""
 CREATE OR REPLACE TEMP TABLE foreign_in AS
-SELECT f.trace_id, f.span_id,
+SELECT f.stage_row, f.trace_id,
        coalesce(f.status_code, 0) = 2 OR coalesce(f.exception, false) AS hard_failed,
        coalesce(f.caught, false) AS caught,
        CAST(to_json(struct_pack(v := [{", ".join(_value(k) for k in conventions.ROLE_KEYS)}],
@@ -359,7 +364,7 @@ CREATE OR REPLACE TEMP TABLE foreign_answers AS
         FROM foreign_in i JOIN foreign_roles r USING (role_key)
         LEFT JOIN foreign_tools s ON r.role = 'tool' AND s.tool_key = i.tool_key
     )
-    SELECT x.trace_id, x.span_id, coalesce(x.family, 'otel') AS convention,
+    SELECT x.stage_row, x.trace_id, coalesce(x.family, 'otel') AS convention,
            CASE x.role {_OPERATION_OF_ROLE} END AS operation,
            t.tool_name,
            CASE WHEN x.role = 'tool' THEN coalesce(x.call_first, o.envelope_id, a.argument_id) END AS tool_call_id,
@@ -385,15 +390,16 @@ whose arguments are unknown has no signature: it equals no other call."""
 _ANSWERED = ("convention", "operation", "tool_name", "tool_call_id", "arguments", "result", "signature",
              "result_hash", "internal")  # fmt: skip
 FOREIGN_COLUMNS: Final[dict[str, str]] = {
-    **{column: f"CASE WHEN u.span_id IS NULL THEN f.{column} ELSE u.{column} END" for column in _ANSWERED},
+    **{column: f"CASE WHEN u.stage_row IS NULL THEN f.{column} ELSE u.{column} END" for column in _ANSWERED},
     "model": "coalesce(f.model, u.model)",
     "agent_name": "coalesce(f.agent_name, u.agent_name)",
-    "node_status": "CASE WHEN u.span_id IS NULL THEN f.node_status "
+    "node_status": "CASE WHEN u.stage_row IS NULL THEN f.node_status "
     "WHEN u.failed AND u.operation = 'execute_tool' THEN 'failed' END",
 }
 """The span columns that the conventions' answers decide: SQL over the new row ``f`` and its answer
-``u`` (``foreign_answers``, joined by ``LEFT JOIN foreign_answers u USING`` nothing but the span's
-keys), for the insert of the new spans (:mod:`treellm.store.ingest`). A call's result is NULL in
+``u`` (``foreign_answers``, joined on nothing but ``stage_row``: the row of the stage it answers,
+one integer where the span's two keys were text), for the insert of the new spans
+(:mod:`treellm.store.ingest`). A call's result is NULL in
 the answers where its text is the attribute it was read from and its own result (``result_held``
 of ``foreign_in``, and nothing unwrapped): the attribute holds it (read back by
 ``transform.result_sql``), and no copy of each result is held until the insert."""
@@ -512,12 +518,13 @@ _PLACE_COLUMNS = """trace_id, span_id, parent_span_id, start_ns, end_ns, operati
        coalesce(internal, false) AS internal, agent_name,
        orphan_parent IS NOT NULL AND parent_span_id IS NULL AS flagged,
        coalesce(status_code = 2 OR node_status = 'failed', false) AS failed, {keys}, run_id IS NULL AS new"""
-_FOREIGN_TRACES = "trace_id IN (SELECT DISTINCT trace_id FROM foreign_in)"
+_FOREIGN_TRACES = "trace_id IN (SELECT DISTINCT trace_id FROM foreign_answers)"
 _PLACE_ROWS = f"""
 CREATE OR REPLACE TEMP TABLE place_rows AS
-SELECT {_PLACE_COLUMNS.format(keys="call_digest, call_targets")}, true AS stored FROM spans WHERE {_FOREIGN_TRACES}
+SELECT {_PLACE_COLUMNS.format(keys="call_digest, call_targets")}, true AS stored, CAST(NULL AS BIGINT) AS stage_row
+FROM spans WHERE {_FOREIGN_TRACES}
 UNION ALL
-SELECT {_PLACE_COLUMNS.format(keys="NULL AS call_digest, NULL AS call_targets")}, false AS stored
+SELECT {_PLACE_COLUMNS.format(keys="NULL AS call_digest, NULL AS call_targets")}, false AS stored, stage_row
 FROM incoming WHERE {_FOREIGN_TRACES}
 """
 """The rows the placement reads, read once: every span of the traces of the new spans of other
@@ -535,14 +542,15 @@ _PLACED_TABLE = """
 CREATE OR REPLACE TEMP TABLE foreign_placed (
     trace_id VARCHAR, span_id VARCHAR, run_id VARCHAR, node_kind VARCHAR, node_parent_id VARCHAR,
     node_depth INTEGER, ordinal INTEGER, earlier_node_ids VARCHAR, repeat_chain VARCHAR, orphan BOOLEAN,
-    anchor_node_id VARCHAR, call_digest VARCHAR, call_targets VARCHAR, stored BOOLEAN
+    anchor_node_id VARCHAR, call_digest VARCHAR, call_targets VARCHAR, stored BOOLEAN, stage_row BIGINT
 );
 CREATE OR REPLACE TEMP TABLE foreign_rekeyed (
     trace_id VARCHAR, span_id VARCHAR, arguments VARCHAR, tool_call_id VARCHAR, signature VARCHAR
 )
 """
-"""The placement's answer for every span of the placed traces (``stored``: the row is in ``spans``),
-and the calls keyed from their parent (:func:`_keyed_from_parents`)."""
+"""The placement's answer for every span of the placed traces (``stored``: the row is in ``spans``;
+``stage_row``: else the row of the stage it places), and the calls keyed from their parent
+(:func:`_keyed_from_parents`)."""
 
 _PLACED = ("run_id", "node_kind", "node_parent_id", "node_depth", "ordinal", "earlier_node_ids", "anchor_node_id",
            "call_digest", "call_targets", "repeat_chain")  # fmt: skip
@@ -567,11 +575,12 @@ PLACED_COLUMNS: Final[dict[str, str]] = {
 }
 """The span columns that the placement decides (some are in no new row: an insert lists them beside
 ``SPAN_COLUMNS``): SQL over the new row ``i`` (of ``incoming``), its
-placement ``p`` (``foreign_placed``) and its call keyed from its parent ``k`` (``foreign_rekeyed``),
-both joined on nothing but the span's keys (:data:`PLACED_JOINS`), for the insert of the new spans
-(:mod:`treellm.store.ingest`): a new row is written once, placed."""
+placement ``p`` (``foreign_placed``, joined on nothing but the row of the stage it places: a stored
+row has none) and its call keyed from its parent ``k`` (``foreign_rekeyed``, joined on the span's
+keys) (:data:`PLACED_JOINS`), for the insert of the new spans (:mod:`treellm.store.ingest`): a new
+row is written once, placed."""
 PLACED_JOINS: Final = (
-    "LEFT JOIN foreign_placed p ON p.trace_id = i.trace_id AND p.span_id = i.span_id AND NOT p.stored "
+    "LEFT JOIN foreign_placed p ON p.stage_row = i.stage_row "
     "LEFT JOIN foreign_rekeyed k ON k.trace_id = i.trace_id AND k.span_id = i.span_id"
 )
 _UPDATE_STORED = (
@@ -585,6 +594,16 @@ _UPDATE_STORED = (
 )
 """The stored spans of the placed traces whose placement changed (a root that arrives after its
 children moves them to its run): only those rows are written again."""
+_UPDATE_REKEYED = (
+    "UPDATE spans SET arguments = u.arguments, tool_call_id = coalesce(spans.tool_call_id, u.tool_call_id), "
+    "signature = u.signature FROM foreign_rekeyed u "
+    "WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id"
+)
+"""The stored calls keyed from their parent (:func:`_keyed_from_parents`; a new one takes its key
+with its insert, :data:`PLACED_JOINS`)."""
+PLACED_FROM: Final = f"SELECT count(*) AS n, coalesce(bit_xor(hash(s)), 0) AS h FROM spans s WHERE {_FOREIGN_TRACES}"
+"""What :func:`place_foreign` read of the store, as a count and a hash of every stored row of the
+placed traces: equal again later, the placement would be the same."""
 
 
 def _keyed_from_parents(con: duckdb.DuckDBPyConnection, spans: dict[str, list[Any]]) -> None:
@@ -635,12 +654,7 @@ def _keyed_from_parents(con: duckdb.DuckDBPyConnection, spans: dict[str, list[An
             "signature": [g for _, _, g in found.values()],
         }
     )
-    with frames_as_tables(con, keyed_calls=keyed):  # a stored call is updated; a new one takes it with its insert
-        con.execute(
-            "UPDATE spans SET arguments = u.arguments, tool_call_id = coalesce(spans.tool_call_id, u.tool_call_id), "
-            "signature = u.signature FROM keyed_calls u "
-            "WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id"
-        )
+    with frames_as_tables(con, keyed_calls=keyed):  # a stored call is updated (update_stored); a new one takes it
         con.execute("INSERT INTO foreign_rekeyed SELECT trace_id, span_id, arguments, tool_call_id, signature "
                     "FROM keyed_calls")  # fmt: skip
     for i, (text, _, _) in found.items():
@@ -738,7 +752,7 @@ def _record_placed(
     )
     with frames_as_tables(con, run_updates=frame):
         con.execute(
-            "INSERT INTO foreign_placed BY NAME SELECT u.*, r.stored FROM run_updates u "
+            "INSERT INTO foreign_placed BY NAME SELECT u.*, r.stored, r.stage_row FROM run_updates u "
             "JOIN place_rows r ON r.trace_id = u.trace_id AND r.span_id = u.span_id"
         )
 
@@ -753,7 +767,6 @@ def _place(con: duckdb.DuckDBPyConnection) -> None:
     for batch in batches:
         _place_batch(con, int(batch))
     con.execute("DROP TABLE place_batches; DROP TABLE place_rows; DROP TABLE flat_traces")
-    con.execute(_UPDATE_STORED)
 
 
 def _place_flat(con: duckdb.DuckDBPyConnection) -> None:
@@ -819,10 +832,16 @@ def read_foreign(con: duckdb.DuckDBPyConnection, internal: frozenset[str] | None
     the rows are written once, never updated); ``internal`` defaults to :func:`internal_tools`."""
     if not _read_foreign(con, internal_tools() if internal is None else internal):
         con.execute("CREATE OR REPLACE TEMP TABLE foreign_answers AS " + _NO_ANSWERS)
+    for table in _READ_TABLES:
+        con.execute(f"DROP TABLE IF EXISTS {table}")
 
+
+_READ_TABLES = ("foreign_in", "foreign_result_texts")
+"""The working tables of :func:`read_foreign`, dropped once ``foreign_answers`` holds what they
+say: before the ingest's transaction (its first chunk), which frees their memory at once."""
 
 _NO_ANSWERS = (
-    "SELECT CAST(NULL AS VARCHAR) AS trace_id, CAST(NULL AS VARCHAR) AS span_id, "
+    "SELECT CAST(NULL AS BIGINT) AS stage_row, CAST(NULL AS VARCHAR) AS trace_id, "
     + ", ".join(f"CAST(NULL AS {'BOOLEAN' if c == 'internal' else 'VARCHAR'}) AS {c}" for c in _ANSWERED)
     + ", CAST(NULL AS VARCHAR) AS model, CAST(NULL AS VARCHAR) AS agent_name, CAST(NULL AS BOOLEAN) AS failed "
     "LIMIT 0"
@@ -832,19 +851,31 @@ _NO_ANSWERS = (
 def place_foreign(con: duckdb.DuckDBPyConnection) -> None:
     """Before the insert, after :func:`read_foreign`: runs, trees and ordinals of the traces of the
     new spans of other frameworks, over their stored rows and the temporary view ``incoming`` (the
-    new rows as they will be stored, with :data:`FOREIGN_COLUMNS`). The stored rows whose placement
-    changed are updated; the new rows' placement is left in ``foreign_placed`` and
-    ``foreign_rekeyed``, which the insert joins in (:data:`PLACED_COLUMNS`, :data:`PLACED_JOINS`)."""
+    new rows as they will be stored, with :data:`FOREIGN_COLUMNS`), in ``foreign_placed`` and
+    ``foreign_rekeyed``; the insert joins in the new rows' (:data:`PLACED_COLUMNS`,
+    :data:`PLACED_JOINS`) and :func:`update_stored` writes the stored rows' that changed. Writes
+    nothing of the store: it may run before the ingest's transaction (:data:`PLACED_FROM` tells
+    whether what it read changed by then)."""
     con.execute(_PLACED_TABLE)
     if _count_rows(con, "SELECT count(*) FROM foreign_answers"):
         _place(con)
+
+
+def update_stored(con: duckdb.DuckDBPyConnection) -> None:
+    """Inside the ingest's transaction, after :func:`place_foreign`: write what the placement
+    changed of the stored spans of the placed traces (their runs and trees, a call keyed from a
+    parent that arrived now). The only writes of this module."""
+    if _count_rows(con, "SELECT count(*) FROM foreign_rekeyed"):
+        con.execute(_UPDATE_REKEYED)
+    if _count_rows(con, "SELECT count(*) FROM foreign_placed WHERE stored"):
+        con.execute(_UPDATE_STORED)
 
 
 def finish_foreign(con: duckdb.DuckDBPyConnection) -> None:
     """After the insert: drop the tables of :func:`read_foreign` and :func:`place_foreign`."""
     # Not in a ``finally``: after a DuckDB error the transaction is aborted, a statement here would
     # hide that error behind "Current transaction is aborted", and the rollback drops the tables.
-    for table in ("foreign_in", "foreign_answers", "foreign_placed", "foreign_rekeyed", "foreign_result_texts"):
+    for table in ("foreign_answers", "foreign_placed", "foreign_rekeyed"):
         con.execute(f"DROP TABLE IF EXISTS {table}")
 
 

@@ -100,12 +100,14 @@ WITH keyed AS (
     LEFT JOIN flat_keys ON {_COUNTED} AND NOT ({_KEPT}) AND k_tool = tool_name AND k_args = arguments
     LEFT JOIN flat_kept ON {_COUNTED} AND {_KEPT} AND t_targets = call_targets
 )
-SELECT * EXCLUDE (changes) FROM keyed
-WHERE trace_id NOT IN (SELECT trace_id FROM keyed WHERE counted AND NOT failed AND changes);
+SELECT trace_id, span_id, parent_span_id, start_ns, end_ns, tool_name, role, counted, digest, targets, stored,
+       stage_row
+FROM keyed WHERE trace_id NOT IN (SELECT trace_id FROM keyed WHERE counted AND NOT failed AND changes);
 DELETE FROM flat_traces WHERE trace_id NOT IN (SELECT trace_id FROM flat_rows)
 """
 """The rows of the flat traces with their role and, for a counted call, its key (its stored one, else
-the one derived from its arguments); a trace holding a counted call that
+the one derived from its arguments), only the columns :data:`FLAT_PLACED` reads (they are held until
+the ingest's transaction ends); a trace holding a counted call that
 changes state leaves, ``flat_traces`` too (its counts restart: :class:`treellm.loop.PathSignatures`)."""
 
 _ORDER = "start_ns, end_ns DESC, span_id"
@@ -146,7 +148,7 @@ SELECT trace_id, span_id, trace_id || ':' || root_id AS run_id,
        CASE WHEN NOT member THEN think_now END AS anchor_node_id,
        CASE WHEN counted THEN digest END AS call_digest,
        CASE WHEN counted THEN targets END AS call_targets,
-       stored
+       stored, stage_row
 FROM counted
 """
 """The placement of every span of the flat traces (see the module docstring), as

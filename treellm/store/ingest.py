@@ -40,7 +40,10 @@ Contract:
   collector and ``ingest --clickhouse`` store through here.
 - A torn final line (no newline after it, as a crashed writer leaves) is skipped and
   counted in ``skipped``; an empty file ingests nothing and is reported.
-- The writer holds the store's write lock only while it writes one file.
+- The writer holds the store's write lock only while it writes one file. The first chunk's
+  spans are checked, read by the conventions and placed before the transaction begins (that
+  writes nothing of the store, and DuckDB frees those working tables at once), then prepared
+  again inside it if the store changed meanwhile (:func:`_prepare_staged`, :func:`_still_prepared`).
 - Memory stays bounded: DuckDB reads the file in pieces, one per thread and at most
   :data:`PIECES_IN_FLIGHT_BYTES` at once over all threads (less under a small memory limit:
   :data:`LIMIT_PER_PIECE_IN_FLIGHT`; each thread's buffer sized for the longest line there is,
@@ -68,6 +71,7 @@ from treellm import settings
 from treellm.derive.foreign import (
     FOREIGN_COLUMNS,
     PLACED_COLUMNS,
+    PLACED_FROM,
     PLACED_JOINS,
     columns,
     frames_as_tables,
@@ -77,6 +81,7 @@ from treellm.derive.foreign import (
 from treellm.derive.foreign import finish_foreign as _finish_foreign
 from treellm.derive.foreign import place_foreign as _place_foreign
 from treellm.derive.foreign import read_foreign as _read_foreign
+from treellm.derive.foreign import update_stored as _update_stored
 from treellm.derive.formats import CallsNotFound, InputFormat, calls_not_found_warnings, detect_format, iter_records
 from treellm.derive.transform import (
     MACROS,
@@ -422,38 +427,79 @@ def _read_expression(paths: list[Path], object_bytes: int = MAX_LINE_BYTES) -> s
     )
 
 
-def _insert_staged(con: duckdb.DuckDBPyConnection) -> tuple[int, int]:
-    """Insert the new spans (and their events and links) of ``stage``; returns (new, duplicates).
+_STORED_KEYS = "SELECT trace_id, span_id FROM stage SEMI JOIN spans USING (trace_id, span_id)"
+_STORED_SINCE = f"""
+SELECT count(*) FROM (
+    (SELECT * FROM ({_STORED_KEYS}) EXCEPT SELECT * FROM stored_keys)
+    UNION ALL
+    (SELECT * FROM stored_keys EXCEPT SELECT * FROM ({_STORED_KEYS}))
+)
+"""
+"""The keys of the stage whose being stored changed since ``stored_keys`` was read."""
 
-    The view ``fresh`` holds the new rows: the stage without the keys already stored,
-    and without repeats inside the file (materialised only when the file has any).
+
+def _prepare_staged(con: duckdb.DuckDBPyConnection) -> tuple[int, int]:
+    """Check the staged spans, keep the new ones in the view ``fresh``, read what the conventions
+    say of those of other frameworks and place them (``foreign_answers``, ``foreign_placed``: the
+    view ``incoming`` holds the new rows as they will be stored); returns (new, duplicates).
+
+    Writes nothing of the store, and reads of it only which keys of the stage it holds and the
+    stored rows of the placed traces: an ingest runs it for its first chunk before its transaction
+    begins, so that the working tables of the conventions and of the placement are freed before
+    the insert (DuckDB keeps a table dropped inside a transaction until it ends), and
+    :func:`_still_prepared` tells whether the store changed meanwhile. ``fresh`` is the stage
+    without the keys already stored, and without repeats inside the file (materialised only when
+    the file has any); each row keeps its row of the stage (``stage_row``), which keys the answers.
     """
-    con.execute(
-        "CREATE OR REPLACE TEMP TABLE stored_keys AS "
-        "SELECT trace_id, span_id FROM stage SEMI JOIN spans USING (trace_id, span_id)"
-    )
+    try:
+        flagged = con.execute(VALIDATE_SQL).fetchone()
+    except duckdb.Error as exc:
+        raise _Refused(str(exc).split("\n", 1)[0]) from exc
+    if flagged is not None:
+        raise _Refused(f"span {flagged[1]!r} of trace {flagged[0]!r} breaks a rule of treellm.otlp")
+    if _count(con, _WITHOUT_RUN_ID):
+        con.execute(_FALL_BACK)
+    con.execute(f"CREATE OR REPLACE TEMP TABLE stored_keys AS {_STORED_KEYS}")
     repeated = _count(con, "SELECT count(*) FROM (SELECT 1 FROM stage GROUP BY trace_id, span_id HAVING count(*) > 1)")
-    fresh = "SELECT s.* FROM stage s ANTI JOIN stored_keys k USING (trace_id, span_id)"
+    fresh = "SELECT s.rowid AS stage_row, s.* FROM stage s ANTI JOIN stored_keys k USING (trace_id, span_id)"
     if repeated:
         con.execute(
             f"CREATE OR REPLACE TEMP TABLE fresh_rows AS {fresh} "
             "QUALIFY row_number() OVER (PARTITION BY s.trace_id, s.span_id ORDER BY s.start_ns) = 1"
         )
         fresh = "SELECT * FROM fresh_rows"
+    else:
+        con.execute("DROP TABLE IF EXISTS fresh_rows")
     con.execute(f"CREATE OR REPLACE TEMP VIEW fresh AS {fresh}")
     staged = _count(con, "SELECT count(*) FROM stage")
     new = _count(con, "SELECT count(*) FROM fresh")
-    # What the conventions say of the new spans of other frameworks, then their runs and trees:
-    # both written with the rows (an UPDATE of every new row cost more than the placement's own
-    # work, most of it in the commit).
     with _refused_by_the_data():  # they read event attributes, built into MAPs here
         _read_foreign(con)
     answered = ", ".join(f"{FOREIGN_COLUMNS.get(column, f'f.{column}')} AS {column}" for column in SPAN_COLUMNS)
     con.execute(
-        f"CREATE OR REPLACE TEMP VIEW incoming AS SELECT {answered} FROM fresh f "
-        "LEFT JOIN foreign_answers u ON u.trace_id = f.trace_id AND u.span_id = f.span_id"
+        f"CREATE OR REPLACE TEMP VIEW incoming AS SELECT {answered}, f.stage_row FROM fresh f "
+        "LEFT JOIN foreign_answers u ON u.stage_row = f.stage_row"
     )
     _place_foreign(con)  # builds nothing from the raw data: an error here is no bad line, it is itself
+    con.execute(f"CREATE OR REPLACE TEMP TABLE placed_from AS {PLACED_FROM}")
+    return new, staged - new
+
+
+def _still_prepared(con: duckdb.DuckDBPyConnection) -> bool:
+    """Inside the transaction, after :func:`_prepare_staged` ran before it: whether the store
+    holds the same keys of the stage and the same rows of the placed traces as it did then
+    (another connection of this process may have written or deleted spans in between; then the
+    chunk is prepared again)."""
+    same = f"SELECT count(*) FROM placed_from p JOIN ({PLACED_FROM}) q ON q.n = p.n AND q.h = p.h"
+    return _count(con, _STORED_SINCE) == 0 and _count(con, same) == 1
+
+
+def _insert_prepared(con: duckdb.DuckDBPyConnection) -> None:
+    """Inside the transaction, after :func:`_prepare_staged`: write what the placement changed of
+    the stored rows, then insert the new spans of ``fresh`` (and their events and links) with the
+    conventions' answers and their placement (an UPDATE of every new row after its insert cost
+    more than the placement's own work, most of it in the commit)."""
+    _update_stored(con)
     inserted = (*SPAN_COLUMNS, *(column for column in PLACED_COLUMNS if column not in SPAN_COLUMNS))
     placed = ", ".join(f"{PLACED_COLUMNS.get(column, f'i.{column}')} AS {column}" for column in inserted)
     with _refused_by_the_data():
@@ -462,7 +508,6 @@ def _insert_staged(con: duckdb.DuckDBPyConnection) -> tuple[int, int]:
     con.execute("DROP VIEW incoming")
     with _refused_by_the_data():
         _insert_events_and_links(con)
-    return new, staged - new
 
 
 @contextmanager
@@ -786,34 +831,73 @@ def _accounting(con: duckdb.DuckDBPyConnection) -> Accounting:
     )
 
 
-def _load_stage(con: duckdb.DuckDBPyConnection) -> tuple[int, int, int]:
-    """Validate, insert and finish the staged spans inside the caller's transaction (the new
-    rows stay in the view ``fresh`` for :func:`_load_chunk`)."""
-    try:
-        flagged = con.execute(VALIDATE_SQL).fetchone()
-    except duckdb.Error as exc:
-        raise _Refused(str(exc).split("\n", 1)[0]) from exc
-    if flagged is not None:
-        raise _Refused(f"span {flagged[1]!r} of trace {flagged[0]!r} breaks a rule of treellm.otlp")
-    if _count(con, _WITHOUT_RUN_ID):
-        con.execute(_FALL_BACK)
-    new, duplicates = _insert_staged(con)
+def _load_chunk(
+    con: duckdb.DuckDBPyConnection, capture: ForeignCapture, prepared: tuple[int, int]
+) -> tuple[int, int, int]:
+    """Inside the caller's transaction, after :func:`_prepare_staged` (whose counts are
+    ``prepared``): insert the new spans, redact what was stored of them
+    (:func:`_redact_foreign`) and drop the chunk's tables; returns (new, runs, duplicates)."""
+    new, duplicates = prepared
+    _insert_prepared(con)
     runs = _count(
         con, f"SELECT count(*) FROM spans s SEMI JOIN fresh f USING (trace_id, span_id) WHERE {_RUN_ROOT.format(s='s')}"
     )
-    return new, runs, duplicates
-
-
-def _load_chunk(con: duckdb.DuckDBPyConnection, capture: ForeignCapture) -> tuple[int, int, int]:
-    """:func:`_load_stage`, then :func:`_redact_foreign` of what it stored, in the same transaction."""
-    new, runs, duplicates = _load_stage(con)
     con.execute("INSERT INTO file_keys SELECT trace_id, span_id FROM fresh")
     _redact_foreign(con, capture)
     con.execute("DROP VIEW IF EXISTS fresh")
     con.execute("DROP TABLE IF EXISTS fresh_rows")
     con.execute("DROP TABLE IF EXISTS stored_keys")
+    con.execute("DROP TABLE IF EXISTS placed_from")
     con.execute("DROP TABLE IF EXISTS stage")
     return new, runs, duplicates
+
+
+def _load_chunks(
+    con: duckdb.DuckDBPyConnection,
+    sources: Sequence[Path],
+    *,
+    display: str,
+    capture: CaptureMode,
+    tell: _OnStep,
+    limit_bytes: int,
+) -> tuple[list[int], Accounting]:
+    """Stage, prepare and load each chunk of ``sources`` (every :data:`CHUNK_BYTES`) in one
+    transaction, then account for the new spans; returns ([spans, runs, duplicates], accounting).
+    The first chunk is staged and prepared before the transaction begins (:func:`_prepare_staged`:
+    the conventions' working tables are freed before its insert), and prepared again inside it
+    when the store changed meanwhile (:func:`_still_prepared`)."""
+    totals = [0, 0, 0]
+    foreign = ForeignCapture(capture)  # its memo lives as long as the transaction
+    done = 0
+    size = max(sum(source.stat().st_size for source in sources), 1)
+    threads = int(_count(con, "SELECT current_setting('threads')"))
+    object_bytes = _object_bytes(sources)
+    with scratch_folder("pieces") as tmp:
+        chunks = _chunks(sources, Path(tmp), _piece_bytes(size, threads, limit_bytes))
+
+        def stage(pieces: list[Path], chunk_bytes: int) -> tuple[int, int]:
+            nonlocal done
+            tell("staging", done / size, totals[0])
+            _stage_chunk(con, pieces, display=display, object_bytes=object_bytes)
+            done += chunk_bytes
+            tell("placing", done / size, totals[0])
+            return _prepare_staged(con)
+
+        first = next(chunks, None)
+        prepared = None if first is None else stage(*first)
+        with _transaction(con):
+            con.execute("CREATE OR REPLACE TEMP TABLE file_keys (trace_id VARCHAR, span_id VARCHAR)")
+            if prepared is not None:
+                if not _still_prepared(con):
+                    prepared = _prepare_staged(con)
+                totals = [t + v for t, v in zip(totals, _load_chunk(con, foreign, prepared), strict=True)]
+            for pieces, chunk_bytes in chunks:
+                prepared = stage(pieces, chunk_bytes)
+                totals = [t + v for t, v in zip(totals, _load_chunk(con, foreign, prepared), strict=True)]
+            tell("accounting", 1.0, totals[0])
+            accounting = _accounting(con)
+            con.execute("DROP TABLE file_keys")
+    return totals, accounting
 
 
 def _load_jsonl(
@@ -826,12 +910,12 @@ def _load_jsonl(
     on_step: _OnStep | None = None,
     bound_process: bool = False,
 ) -> tuple[int, int, int, Accounting]:
-    """One transaction: stage (in pieces), validate, insert, finish (every :data:`CHUNK_BYTES`),
-    account for the new spans. Returns (spans, runs, duplicates, accounting); raises
-    :class:`_Refused` (after a rollback) when DuckDB refuses to stage the file or the SQL check
-    flags a span. ``bound_process``: :data:`MEMORY_LIMIT` bounds the whole process (DuckDB gets
-    :func:`duckdb_share` of it), else DuckDB alone (an exporter or a flusher inside a process that
-    holds much else)."""
+    """One transaction (:func:`_load_chunks`): stage (in pieces), validate, insert, finish (every
+    :data:`CHUNK_BYTES`), account for the new spans. Returns (spans, runs, duplicates, accounting);
+    raises :class:`_Refused` (after a rollback, if the transaction began) when DuckDB refuses to
+    stage the file or the SQL check flags a span. ``bound_process``: :data:`MEMORY_LIMIT` bounds the
+    whole process (DuckDB gets :func:`duckdb_share` of it), else DuckDB alone (an exporter or a
+    flusher inside a process that holds much else)."""
     con = open_store(db, retries=retries)
     vacuum: int | None = None
     try:
@@ -844,24 +928,10 @@ def _load_jsonl(
         con.execute(f"SET memory_limit = '{limit}'")
         con.execute("SET preserve_insertion_order = false")
         con.execute(MACROS)
-        totals = [0, 0, 0]
-        foreign = ForeignCapture(capture)  # its memo lives as long as the transaction
-        with scratch_folder("pieces") as tmp, _transaction(con):
-            con.execute("CREATE OR REPLACE TEMP TABLE file_keys (trace_id VARCHAR, span_id VARCHAR)")
-            done = 0
-            size = max(sum(source.stat().st_size for source in sources), 1)
-            tell = on_step or (lambda step, share, spans: None)
-            threads = int(_count(con, "SELECT current_setting('threads')"))
-            object_bytes = _object_bytes(sources)
-            for pieces, chunk_bytes in _chunks(sources, Path(tmp), _piece_bytes(size, threads, limit_bytes)):
-                tell("staging", done / size, totals[0])
-                _stage_chunk(con, pieces, display=display, object_bytes=object_bytes)
-                done += chunk_bytes
-                tell("placing", done / size, totals[0])
-                totals = [t + v for t, v in zip(totals, _load_chunk(con, foreign), strict=True)]
-            tell("accounting", 1.0, totals[0])
-            accounting = _accounting(con)
-            con.execute("DROP TABLE file_keys")
+        tell = on_step or (lambda step, share, spans: None)
+        totals, accounting = _load_chunks(
+            con, sources, display=display, capture=capture, tell=tell, limit_bytes=limit_bytes
+        )
         if totals[0]:
             con.execute("CHECKPOINT")  # without DuckDB's vacuum: see below
         return totals[0], totals[1], totals[2], accounting
