@@ -9,9 +9,9 @@ rows as they will be stored) and the stored rows of their traces, and leaves the
 :mod:`treellm.derive.trees` in ``foreign_placed``: the new rows' for the insert
 (:data:`PLACED_COLUMNS`), the stored rows' for :func:`update_stored`, which writes those that
 changed. The two may run before the ingest's transaction begins (their working tables are freed
-then), with :data:`PLACED_FROM` to tell whether the stored rows they read changed meanwhile. So a new row
-is written once, placed: an UPDATE of every new row after its insert cost more than the placement
-itself, most of it in the commit (BENCHMARKS.md, "Batched ingest"). :func:`finish_foreign` drops
+then), with :data:`PLACED_FROM` to tell whether the stored rows they read changed meanwhile. So
+a new row is written once, placed: an UPDATE of every new row after its insert cost more than
+the placement itself, most of it in the commit (BENCHMARKS.md, "Batched ingest"). :func:`finish_foreign` drops
 the working tables after the insert. The rules are theirs; this module only moves data, so that
 the work done in Python is as small as the rules allow:
 
@@ -826,6 +826,11 @@ def _no_cycle_collection() -> Iterator[None]:
             gc.enable()
 
 
+_READ_TABLES = ("foreign_in", "foreign_result_texts")
+"""The working tables of :func:`read_foreign`, dropped once ``foreign_answers`` holds what they
+say: before the ingest's transaction (its first chunk), which frees their memory at once."""
+
+
 def read_foreign(con: duckdb.DuckDBPyConnection, internal: frozenset[str] | None = None) -> None:
     """Before the insert: what the conventions say of the new spans (``fresh``) of other frameworks,
     in the temporary table ``foreign_answers`` (the insert takes :data:`FOREIGN_COLUMNS` from it:
@@ -835,10 +840,6 @@ def read_foreign(con: duckdb.DuckDBPyConnection, internal: frozenset[str] | None
     for table in _READ_TABLES:
         con.execute(f"DROP TABLE IF EXISTS {table}")
 
-
-_READ_TABLES = ("foreign_in", "foreign_result_texts")
-"""The working tables of :func:`read_foreign`, dropped once ``foreign_answers`` holds what they
-say: before the ingest's transaction (its first chunk), which frees their memory at once."""
 
 _NO_ANSWERS = (
     "SELECT CAST(NULL AS BIGINT) AS stage_row, CAST(NULL AS VARCHAR) AS trace_id, "
