@@ -429,10 +429,11 @@ def _read_expression(paths: list[Path], object_bytes: int = MAX_LINE_BYTES) -> s
 
 _STORED_KEYS = "SELECT trace_id, span_id FROM stage SEMI JOIN spans USING (trace_id, span_id)"
 _STORED_SINCE = f"""
+WITH stored_now AS MATERIALIZED ({_STORED_KEYS})
 SELECT count(*) FROM (
-    (SELECT * FROM ({_STORED_KEYS}) EXCEPT SELECT * FROM stored_keys)
+    (SELECT * FROM stored_now EXCEPT SELECT * FROM stored_keys)
     UNION ALL
-    (SELECT * FROM stored_keys EXCEPT SELECT * FROM ({_STORED_KEYS}))
+    (SELECT * FROM stored_keys EXCEPT SELECT * FROM stored_now)
 )
 """
 """The keys of the stage whose being stored changed since ``stored_keys`` was read."""
@@ -883,17 +884,18 @@ def _load_chunks(
             tell("placing", done / size, totals[0])
             return _prepare_staged(con)
 
-        first = next(chunks, None)
-        prepared = None if first is None else stage(*first)
+        def next_chunk() -> tuple[int, int] | None:
+            found = next(chunks, None)
+            return None if found is None else stage(*found)
+
+        prepared = next_chunk()  # the first: before the transaction
         with _transaction(con):
             con.execute("CREATE OR REPLACE TEMP TABLE file_keys (trace_id VARCHAR, span_id VARCHAR)")
-            if prepared is not None:
-                if not _still_prepared(con):
-                    prepared = _prepare_staged(con)
+            if prepared is not None and not _still_prepared(con):
+                prepared = _prepare_staged(con)
+            while prepared is not None:
                 totals = [t + v for t, v in zip(totals, _load_chunk(con, foreign, prepared), strict=True)]
-            for pieces, chunk_bytes in chunks:
-                prepared = stage(pieces, chunk_bytes)
-                totals = [t + v for t, v in zip(totals, _load_chunk(con, foreign, prepared), strict=True)]
+                prepared = next_chunk()
             tell("accounting", 1.0, totals[0])
             accounting = _accounting(con)
             con.execute("DROP TABLE file_keys")
