@@ -876,17 +876,18 @@ def _load_chunks(
     with scratch_folder("pieces") as tmp:
         chunks = _chunks(sources, Path(tmp), _piece_bytes(size, threads, limit_bytes))
 
-        def stage(pieces: list[Path], chunk_bytes: int) -> tuple[int, int]:
+        def next_chunk() -> tuple[int, int] | None:
+            """Stage and prepare the next chunk (:func:`_prepare_staged`); None when none is left."""
             nonlocal done
+            found = next(chunks, None)
+            if found is None:
+                return None
+            pieces, chunk_bytes = found
             tell("staging", done / size, totals[0])
             _stage_chunk(con, pieces, display=display, object_bytes=object_bytes)
             done += chunk_bytes
             tell("placing", done / size, totals[0])
             return _prepare_staged(con)
-
-        def next_chunk() -> tuple[int, int] | None:
-            found = next(chunks, None)
-            return None if found is None else stage(*found)
 
         prepared = next_chunk()  # the first: before the transaction
         with _transaction(con):
