@@ -3,19 +3,13 @@
 The public API. Importing treellm has no side effects: nothing is configured,
 no provider is installed, no file is opened. It needs only the core install (the
 detector, executor, guard, OpenTelemetry SDK, JSONL exporter); ``OpenAICompatibleModel``
-is imported when first used and needs the ``openai`` extra.
+needs the ``openai`` extra. Most names are imported when first used (:data:`_LAZY`).
 """
 
+import importlib as _importlib
 import typing as _typing
 
 from treellm._version import __version__
-from treellm.agent import TreeExecutor
-from treellm.config import ArgumentPattern, ToolLimits, TreeConfig
-from treellm.engine.events import Chunk, ChunkType, Event, EventType, RunStats
-from treellm.engine.executor import BranchAnswer, RunResult
-from treellm.engine.nodes import CollapseNode, NodeKind, NodeStatus, PrunedCall, ThinkNode, ToolNode
-from treellm.engine.repeats import ToolRule
-from treellm.engine.tools import Skill, Tool
 from treellm.errors import (
     ConfigError,
     IngestError,
@@ -27,13 +21,48 @@ from treellm.errors import (
     ToolDefinitionError,
     TreeLLMError,
 )
-from treellm.exporters.jsonl import OTLPJsonlSpanExporter
-from treellm.guard import GuardDecision, LoopGuard
-from treellm.loop import CallKey, LoopDecision, LoopDetector, PathSignatures
-from treellm.models.base import ChatModel, ModelRequest, ModelTurn, ToolCall, Usage
-from treellm.models.scripted import ScriptedModel
-from treellm.setup import configure
 from treellm.signature import RawArguments, canonical_json, parse_arguments, signature, stable_hash
+
+if _typing.TYPE_CHECKING:
+    from treellm.agent import TreeExecutor
+    from treellm.config import ArgumentPattern, ToolLimits, TreeConfig
+    from treellm.engine.events import Chunk, ChunkType, Event, EventType, RunStats
+    from treellm.engine.executor import BranchAnswer, RunResult
+    from treellm.engine.nodes import CollapseNode, NodeKind, NodeStatus, PrunedCall, ThinkNode, ToolNode
+    from treellm.engine.repeats import ToolRule
+    from treellm.engine.tools import Skill, Tool
+    from treellm.exporters.jsonl import OTLPJsonlSpanExporter
+    from treellm.guard import GuardDecision, LoopGuard
+    from treellm.loop import CallKey, LoopDecision, LoopDetector, PathSignatures
+    from treellm.models.base import ChatModel, ModelRequest, ModelTurn, ToolCall, Usage
+    from treellm.models.openai import OpenAICompatibleModel
+    from treellm.models.scripted import ScriptedModel
+    from treellm.setup import configure
+
+_LAZY = {
+    "TreeExecutor": "treellm.agent",
+    **dict.fromkeys(("ArgumentPattern", "ToolLimits", "TreeConfig"), "treellm.config"),
+    **dict.fromkeys(("Chunk", "ChunkType", "Event", "EventType", "RunStats"), "treellm.engine.events"),
+    **dict.fromkeys(("BranchAnswer", "RunResult"), "treellm.engine.executor"),
+    **dict.fromkeys(
+        ("CollapseNode", "NodeKind", "NodeStatus", "PrunedCall", "ThinkNode", "ToolNode"), "treellm.engine.nodes"
+    ),
+    "ToolRule": "treellm.engine.repeats",
+    **dict.fromkeys(("Skill", "Tool"), "treellm.engine.tools"),
+    "OTLPJsonlSpanExporter": "treellm.exporters.jsonl",
+    **dict.fromkeys(("GuardDecision", "LoopGuard"), "treellm.guard"),
+    **dict.fromkeys(("CallKey", "LoopDecision", "LoopDetector", "PathSignatures"), "treellm.loop"),
+    **dict.fromkeys(("ChatModel", "ModelRequest", "ModelTurn", "ToolCall", "Usage"), "treellm.models.base"),
+    "OpenAICompatibleModel": "treellm.models.openai",  # needs the openai extra
+    "ScriptedModel": "treellm.models.scripted",
+    "configure": "treellm.setup",
+}
+"""The public names imported on first use (PEP 562), each from its module: a command of the CLI
+(``treellm ingest``, ``report``) imports none of the executor, the engine, the models or the
+OpenTelemetry setup (0.3 s of a command's 0.7 s start, BENCHMARKS.md, "Batched ingest"). The
+errors and the signature are imported here: every command needs them, and the module
+``treellm.signature`` would otherwise hide the function ``signature`` once anything imported it."""
+
 
 __all__ = [
     "ArgumentPattern",
@@ -89,13 +118,14 @@ __all__ = [
 ]
 
 
-if _typing.TYPE_CHECKING:
-    from treellm.models.openai import OpenAICompatibleModel
-
-
 def __getattr__(name: str) -> _typing.Any:
-    if name == "OpenAICompatibleModel":  # needs the openai extra: imported on first use
-        from treellm.models.openai import OpenAICompatibleModel
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'treellm' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value  # the next access is a plain attribute
+    return value
 
-        return OpenAICompatibleModel
-    raise AttributeError(f"module 'treellm' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
