@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import importlib
+import json
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -158,3 +162,33 @@ def test_every_error_derives_from_treellm_error() -> None:
         value = getattr(treellm, name)
         if isinstance(value, type) and issubclass(value, Exception):
             assert issubclass(value, treellm.TreeLLMError), name
+
+
+def test_a_command_imports_none_of_the_executor_and_each_public_name_comes_on_first_use() -> None:
+    """``import treellm`` and the CLI import none of the executor, the engine, the models or the
+    OpenTelemetry setup (a command's start-up, BENCHMARKS.md "Batched ingest"); each such name
+    is imported when first read, is the object its module defines, and ``dir`` lists it."""
+    script = textwrap.dedent(
+        """
+        import json, sys
+        import treellm, treellm.cli, treellm.telemetry
+        heavy = ("treellm.agent", "treellm.engine", "treellm.models", "treellm.setup", "treellm.telemetry.observer")
+        before = sorted(m for m in sys.modules if m.startswith(heavy))
+        from treellm import LoopGuard, TreeExecutor
+        from treellm.agent import TreeExecutor as defined
+        from treellm.telemetry import TelemetryObserver
+        from treellm.telemetry.observer import TelemetryObserver as observer
+        print(json.dumps({
+            "before": before,
+            "same": TreeExecutor is defined and TelemetryObserver is observer,
+            "guard": LoopGuard.__module__,
+            "listed": sorted(set(treellm.__all__) - set(dir(treellm))),
+            "signature": callable(treellm.signature),
+        }))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
+    found = json.loads(done.stdout)
+    assert found == {"before": [], "same": True, "guard": "treellm.guard", "listed": [], "signature": True}
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        treellm.NoSuchName  # noqa: B018
