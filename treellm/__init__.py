@@ -59,9 +59,10 @@ _LAZY = {
 }
 """The public names imported on first use (PEP 562), each from its module: a command of the CLI
 (``treellm ingest``, ``report``) imports none of the executor, the engine, the models or the
-OpenTelemetry setup (0.3 s of a command's 0.7 s start, BENCHMARKS.md, "Batched ingest"). The
-errors and the signature are imported here: every command needs them, and the module
-``treellm.signature`` would otherwise hide the function ``signature`` once anything imported it."""
+OpenTelemetry setup (0.35-0.4 s of the 0.7 s a command took to start, BENCHMARKS.md, "Batched
+ingest"). The errors and the signature are imported here: every command needs them, and the
+module ``treellm.signature`` would otherwise hide the function ``signature`` once anything
+imported it."""
 
 
 __all__ = [
