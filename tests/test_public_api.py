@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -174,12 +176,14 @@ def test_a_command_imports_none_of_the_executor_and_each_public_name_comes_on_fi
         import treellm, treellm.cli, treellm.telemetry
         heavy = ("treellm.agent", "treellm.engine", "treellm.models", "treellm.setup", "treellm.telemetry.observer")
         before = sorted(m for m in sys.modules if m.startswith(heavy))
+        observer_listed = "TelemetryObserver" in dir(treellm.telemetry)
         from treellm import LoopGuard, TreeExecutor
         from treellm.agent import TreeExecutor as defined
         from treellm.telemetry import TelemetryObserver
         from treellm.telemetry.observer import TelemetryObserver as observer
         print(json.dumps({
             "before": before,
+            "observer_listed": observer_listed,
             "same": TreeExecutor is defined and TelemetryObserver is observer,
             "guard": LoopGuard.__module__,
             "listed": sorted(set(treellm.__all__) - set(dir(treellm))),
@@ -189,6 +193,31 @@ def test_a_command_imports_none_of_the_executor_and_each_public_name_comes_on_fi
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
     found = json.loads(done.stdout)
-    assert found == {"before": [], "same": True, "guard": "treellm.guard", "listed": [], "signature": True}
+    assert found == {
+        "before": [],
+        "observer_listed": True,
+        "same": True,
+        "guard": "treellm.guard",
+        "listed": [],
+        "signature": True,
+    }
     with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
         treellm.NoSuchName  # noqa: B018
+
+
+@pytest.mark.parametrize("module_name", ["treellm", "treellm.telemetry"])
+def test_the_lazy_table_and_the_type_checkers_imports_name_the_same_modules(module_name: str) -> None:
+    """Each name imported on first use is imported, from the same module, under ``TYPE_CHECKING``
+    (what mypy and a user's type checker read), and nothing else is: the two lists cannot drift."""
+    module = importlib.import_module(module_name)
+    tree = ast.parse(Path(module.__file__ or "").read_text(encoding="utf-8"))
+    checked = {
+        alias.asname or alias.name: node.module
+        for block in tree.body
+        if isinstance(block, ast.If) and ast.unparse(block.test) == "_typing.TYPE_CHECKING"
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert checked == module._LAZY
+    assert set(checked) <= set(module.__all__)

@@ -6,9 +6,9 @@ detector, executor, guard, OpenTelemetry SDK, JSONL exporter); ``OpenAICompatibl
 needs the ``openai`` extra. Most names are imported when first used (:data:`_LAZY`).
 """
 
-import importlib as _importlib
 import typing as _typing
 
+from treellm._lazy import lazy_names as _lazy_names
 from treellm._version import __version__
 from treellm.errors import (
     ConfigError,
@@ -119,14 +119,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> _typing.Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'treellm' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(module), name)
-    globals()[name] = value  # the next access is a plain attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = _lazy_names(globals(), _LAZY)

@@ -4,9 +4,9 @@ Public: ``TelemetryObserver``, ``Capture``, ``semconv`` (every span, event,
 attribute and metric name, pinned to a GenAI semantic conventions version).
 """
 
-import importlib as _importlib
 import typing as _typing
 
+from treellm._lazy import lazy_names as _lazy_names
 from treellm.telemetry import semconv
 from treellm.telemetry.redaction import Capture, CaptureMode, redact_text, redact_value
 
@@ -15,12 +15,8 @@ if _typing.TYPE_CHECKING:
 
 __all__ = ["Capture", "CaptureMode", "TelemetryObserver", "redact_text", "redact_value", "semconv"]
 
+_LAZY = {"TelemetryObserver": "treellm.telemetry.observer"}
+"""Imported on first use: the observer imports the engine, which ingest, the conventions and the
+redaction (all of this package) do not need."""
 
-def __getattr__(name: str) -> _typing.Any:
-    """``TelemetryObserver`` on first use (PEP 562): it imports the engine, which ingest, the
-    conventions and the redaction, all of this package, do not need."""
-    if name == "TelemetryObserver":
-        value = _importlib.import_module("treellm.telemetry.observer").TelemetryObserver
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'treellm.telemetry' has no attribute {name!r}")
+__getattr__, __dir__ = _lazy_names(globals(), _LAZY)
