@@ -180,6 +180,25 @@ def test_duplicate_keys_in_a_file_are_ingested_last_value_wins(tmp_path: Path) -
     _check_duplicates_stored(tmp_path / "s.duckdb")
 
 
+@pytest.mark.parametrize(
+    ("key", "column"), [("treellm.node.kind", "node_kind"), ("treellm.tool.signature", "signature"), ("x", None)]
+)
+def test_a_repeated_key_of_treellms_own_span_keeps_the_last_value_promoted_or_not(
+    tmp_path: Path, key: str, column: str | None
+) -> None:
+    """The stage reads an own span's promoted columns from its lists of keys and values and stores a
+    MAP of the rest: a repeated key among the promoted ones must still send the file to the
+    validator (the last value wins, the key recorded), not be read at its first place."""
+    attributes = [kv("treellm.run.id", "r1"), kv(key, "first"), kv("treellm.node.id", "n1"), kv(key, "last")]
+    path = write_jsonl(tmp_path / "own.jsonl", doc(span(0, attributes=attributes)))
+    report = ingest(tmp_path / "s.duckdb", [path])
+    assert (report.spans, report.bad_records) == (1, ())
+    read = column or f"attributes['{key}']"
+    [(value, node_id, stored)] = rows(tmp_path / "s.duckdb", f"SELECT {read}, node_id, attributes FROM spans")
+    assert (value, node_id) == ("last", "n1")
+    assert json.loads(stored[DUPLICATE_KEYS]) == {"values": [{"stringValue": key}]}
+
+
 def test_duplicate_keys_through_the_collector_are_stored_and_nothing_is_quarantined(tmp_path: Path) -> None:
     decoded = decode_json(orjson.dumps(_duplicated_doc()))
     assert (decoded.accepted, decoded.rejected) == (1, 0)

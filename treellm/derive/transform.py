@@ -82,8 +82,14 @@ CREATE OR REPLACE TEMP MACRO treellm_object(text) AS CASE WHEN starts_with(text,
 """
 
 
+def _get(key: str) -> str:
+    """The span attribute ``key``'s text, NULL when the span has none: read from the stage's lists of
+    the span's keys (``ak``) and values (``av``), not from a MAP (:func:`stage_sql` says why)."""
+    return f"av[list_position(ak, '{key}')]"
+
+
 def _coalesce(keys: tuple[str, ...] | list[str]) -> str:
-    return "coalesce(" + ", ".join(f"a['{k}']" for k in keys) + ")"
+    return "coalesce(" + ", ".join(_get(k) for k in keys) + ")"
 
 
 # treellm's own spans are read here; spans of other frameworks get the same columns from
@@ -93,35 +99,35 @@ def _coalesce(keys: tuple[str, ...] | list[str]) -> str:
 # framework's from its attributes, and the stage held each result twice (the stage of 300k spans:
 # 448 MB, 382 MB without the copies; BENCHMARKS.md, "Batched ingest").
 _PROMOTED = f"""
-    a['{sc.GEN_AI_OPERATION_NAME}'] AS operation,
+    {_get(sc.GEN_AI_OPERATION_NAME)} AS operation,
     {_coalesce(conv.AGENT_NAME_KEYS[:2])} AS agent_name,
     {_coalesce(conv.MODEL_KEYS)} AS model,
-    a['{sc.RUN_ID}'] AS run_id,
-    a['{sc.NODE_ID}'] AS node_id,
-    a['{sc.NODE_KIND}'] AS node_kind,
-    TRY_CAST(a['{sc.NODE_DEPTH}'] AS INTEGER) AS node_depth,
-    nullif(a['{sc.NODE_PARENT_ID}'], '') AS node_parent_id,
-    a['{sc.NODE_STATUS}'] AS node_status,
-    a['{sc.SKILL_NAME}'] AS skill_name,
-    treellm_list(a['{sc.NODE_SKILL_STACK}']) AS skill_stack,
-    coalesce(a['{sc.GEN_AI_TOOL_NAME}'],
-             CASE WHEN a['{sc.GEN_AI_OPERATION_NAME}'] = '{sc.OP_EXECUTE_TOOL}' AND name LIKE '{sc.OP_EXECUTE_TOOL} %'
+    {_get(sc.RUN_ID)} AS run_id,
+    {_get(sc.NODE_ID)} AS node_id,
+    {_get(sc.NODE_KIND)} AS node_kind,
+    TRY_CAST({_get(sc.NODE_DEPTH)} AS INTEGER) AS node_depth,
+    nullif({_get(sc.NODE_PARENT_ID)}, '') AS node_parent_id,
+    {_get(sc.NODE_STATUS)} AS node_status,
+    {_get(sc.SKILL_NAME)} AS skill_name,
+    treellm_list({_get(sc.NODE_SKILL_STACK)}) AS skill_stack,
+    coalesce({_get(sc.GEN_AI_TOOL_NAME)},
+             CASE WHEN {_get(sc.GEN_AI_OPERATION_NAME)} = '{sc.OP_EXECUTE_TOOL}' AND name LIKE '{sc.OP_EXECUTE_TOOL} %'
                   THEN substr(name, {len(sc.OP_EXECUTE_TOOL) + 2}) END) AS tool_name,
-    a['{sc.GEN_AI_TOOL_CALL_ID}'] AS tool_call_id,
-    a['{sc.TOOL_SIGNATURE}'] AS signature,
-    TRY_CAST(a['{sc.TOOL_ORDINAL}'] AS INTEGER) AS ordinal,
-    TRY_CAST(a['{sc.TOOL_LIMIT}'] AS INTEGER) AS limit_n,
-    a['{sc.TOOL_LIMIT_SOURCE}'] AS limit_source,
-    a['{sc.TOOL_RESULT_HASH}'] AS result_hash,
-    TRY_CAST(a['{sc.TOOL_ATTEMPTS}'] AS INTEGER) AS attempts,
-    TRY_CAST(a['{sc.TOOL_SHADOW_CAUGHT}'] AS BOOLEAN) AS shadow_caught,
-    CASE WHEN a['{sc.RUN_ID}'] IS NOT NULL THEN treellm_object(a['{sc.GEN_AI_TOOL_CALL_ARGUMENTS}']) END AS arguments,
-    CASE WHEN a['{sc.RUN_ID}'] IS NOT NULL THEN a['{sc.GEN_AI_TOOL_CALL_RESULT}'] END AS result,
+    {_get(sc.GEN_AI_TOOL_CALL_ID)} AS tool_call_id,
+    {_get(sc.TOOL_SIGNATURE)} AS signature,
+    TRY_CAST({_get(sc.TOOL_ORDINAL)} AS INTEGER) AS ordinal,
+    TRY_CAST({_get(sc.TOOL_LIMIT)} AS INTEGER) AS limit_n,
+    {_get(sc.TOOL_LIMIT_SOURCE)} AS limit_source,
+    {_get(sc.TOOL_RESULT_HASH)} AS result_hash,
+    TRY_CAST({_get(sc.TOOL_ATTEMPTS)} AS INTEGER) AS attempts,
+    TRY_CAST({_get(sc.TOOL_SHADOW_CAUGHT)} AS BOOLEAN) AS shadow_caught,
+    CASE WHEN {_get(sc.RUN_ID)} IS NOT NULL THEN treellm_object({_get(sc.GEN_AI_TOOL_CALL_ARGUMENTS)}) END AS arguments,
+    CASE WHEN {_get(sc.RUN_ID)} IS NOT NULL THEN {_get(sc.GEN_AI_TOOL_CALL_RESULT)} END AS result,
     TRY_CAST({_coalesce(conv.INPUT_TOKEN_KEYS)} AS BIGINT) AS input_tokens,
     TRY_CAST({_coalesce(conv.OUTPUT_TOKEN_KEYS)} AS BIGINT) AS output_tokens,
-    a['{sc.RUN_OUTCOME}'] AS outcome,
-    a['{sc.INGEST_ORPHAN_PARENT}'] AS orphan_parent,
-    treellm_list(a['{sc.TOOL_EARLIER_NODE_IDS}']) AS earlier_node_ids,
+    {_get(sc.RUN_OUTCOME)} AS outcome,
+    {_get(sc.INGEST_ORPHAN_PARENT)} AS orphan_parent,
+    treellm_list({_get(sc.TOOL_EARLIER_NODE_IDS)}) AS earlier_node_ids,
     CAST(NULL AS VARCHAR) AS convention,
     CAST(NULL AS BOOLEAN) AS internal,
     CAST(NULL AS VARCHAR) AS anchor_node_id
@@ -140,6 +146,8 @@ PROMOTED_KEYS: Final = (
     "treellm.ingest.orphan_parent", "treellm.tool.earlier_node_ids",
 )  # fmt: skip
 _PROMOTED_LIST = "[" + ", ".join(f"'{k}'" for k in PROMOTED_KEYS) + "]"
+_KEYS_NOT_A_MAP = "the attributes of a span repeat a key or hold one without a name"
+"""The stage's refusal of such a span of treellm's own (DuckDB's own, for a MAP: "Map keys must be unique")."""
 
 WRITTEN_BACK: Final = {
     "operation": sc.GEN_AI_OPERATION_NAME, "agent_name": "gen_ai.agent.name", "model": "gen_ai.request.model",
@@ -159,7 +167,14 @@ span back out as attributes (``ingest --clickhouse``); read again, each gives th
 
 def stage_sql(read_expression: str) -> str:
     """A SELECT of stage rows (span columns plus ``events`` and ``links`` lists) from a
-    relation with a ``resourceSpans`` column (``read_expression``, e.g. a ``read_json``)."""
+    relation with a ``resourceSpans`` column (``read_expression``, e.g. a ``read_json``).
+
+    A span's attributes become one MAP, the one stored: building a MAP is most of what they cost
+    (DuckDB checks its keys), so the promoted columns read the lists of keys and values instead
+    (:func:`_get`). Of treellm's own spans the stored MAP leaves the promoted keys out; that MAP
+    would no longer refuse a repeated or unnamed key among them, so a check does (``error``),
+    and the file goes through the one validator as before (the last value wins). Building both
+    MAPs made the stage of 300,000 own spans 1.3-1.9 s slower (BENCHMARKS.md, "Ingest")."""
     return f"""
 WITH docs AS (SELECT unnest(resourceSpans) AS r FROM {read_expression}),
 scopes AS (SELECT treellm_attrs(r.resource.attributes) AS res, unnest(r.scopeSpans) AS ss FROM docs),
@@ -176,10 +191,12 @@ flat AS (
         coalesce(sp.status.code, 0) AS status_code,
         nullif(sp.status.message, '') AS status_message,
         coalesce(res['service.name'], 'unknown_service') AS service_name,
-        treellm_attrs(sp.attributes) AS a,
-        CASE WHEN list_contains(list_transform(sp.attributes, lambda kv: kv.key), '{sc.RUN_ID}')
-             THEN treellm_attrs(list_filter(sp.attributes, lambda kv: NOT list_contains({_PROMOTED_LIST}, kv.key)))
-             ELSE treellm_attrs(sp.attributes) END AS rest,
+        list_transform(sp.attributes, lambda kv: kv.key) AS ak,
+        list_transform(sp.attributes, lambda kv: treellm_text(kv.value)) AS av,
+        CASE WHEN NOT list_contains(ak, '{sc.RUN_ID}') THEN map(ak, av)
+             WHEN len(list_distinct(ak)) < len(ak) THEN error('{_KEYS_NOT_A_MAP}')
+             ELSE treellm_attrs(list_filter(sp.attributes, lambda kv: NOT list_contains({_PROMOTED_LIST}, kv.key)))
+             END AS rest,
         res AS resource_attributes,
         scope.name AS scope_name,
         scope.version AS scope_version,
