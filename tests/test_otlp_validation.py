@@ -199,6 +199,16 @@ def test_a_repeated_key_of_treellms_own_span_keeps_the_last_value_promoted_or_no
     assert json.loads(stored[DUPLICATE_KEYS]) == {"values": [{"stringValue": key}]}
 
 
+def test_an_unnamed_key_of_treellms_own_span_is_stored_as_the_validator_stores_it(tmp_path: Path) -> None:
+    """An attribute without a key (hostile or broken input) on an own span: the stored MAP of the
+    rest leaves no such entry out silently; the validator stores it under the empty key."""
+    attributes = [kv("treellm.run.id", "r1"), {"value": {"stringValue": "x"}}, kv("treellm.node.id", "n1")]
+    path = write_jsonl(tmp_path / "own.jsonl", doc(span(0, attributes=attributes)))
+    report = ingest(tmp_path / "s.duckdb", [path])
+    assert (report.spans, report.bad_records) == (1, ())
+    assert rows(tmp_path / "s.duckdb", "SELECT node_id, attributes FROM spans") == [("n1", {"": "x"})]
+
+
 def test_duplicate_keys_through_the_collector_are_stored_and_nothing_is_quarantined(tmp_path: Path) -> None:
     decoded = decode_json(orjson.dumps(_duplicated_doc()))
     assert (decoded.accepted, decoded.rejected) == (1, 0)

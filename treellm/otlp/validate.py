@@ -70,6 +70,7 @@ __all__ = [
     "StructureError",
     "normalize_traces_data",
     "span_problem",
+    "unique_keys_sql",
     "validate_sql",
 ]
 
@@ -144,6 +145,12 @@ _RULE: Final = {(r.field, r.kind): r for r in SPAN_RULES}
 _SQL_COLUMN: Final = {r.field: r.column for r in SPAN_RULES}
 
 
+def unique_keys_sql(keys: str, length: str | None = None) -> str:
+    """The SQL that holds when the list of attribute keys ``keys`` (of ``length`` items, by default
+    its own) repeats no key and names each: a NULL key counts as repeated (``list_distinct`` drops it)."""
+    return f"len(list_distinct({keys})) = len({length or keys})"
+
+
 def _sql_condition(rule: Rule) -> str:
     """The SQL that holds when ``rule.column`` keeps the rule (NULL counts as broken)."""
     c = rule.column
@@ -155,8 +162,8 @@ def _sql_condition(rule: Rule) -> str:
         return f"({c} BETWEEN 0 AND {rule.bound})"
     if rule.kind == "not_before":
         return f"({c} >= {_SQL_COLUMN[str(rule.bound)]})"
-    if rule.kind == "unique_keys":  # a NULL key counts as repeated (list_distinct drops it)
-        return f"({c} IS NULL OR len(list_distinct(list_transform({c}, lambda kv: kv.key))) = len({c}))"
+    if rule.kind == "unique_keys":
+        return f"({c} IS NULL OR {unique_keys_sql(f'list_transform({c}, lambda kv: kv.key)', c)})"
     return f"({c} IS NOT NULL)"
 
 
