@@ -221,3 +221,28 @@ def test_the_cli_prints_where_the_spans_went_and_the_json_carries_it(tmp_path: P
     assert counts["placed_nowhere"] == {"no run root": 34}
     assert counts["runs"] + counts["nodes"] + counts["in_run"] + sum(counts["placed_nowhere"].values()) == 34
     assert "34 span(s) stored but placed nowhere: no run root" in as_json.stderr
+
+
+def test_the_report_names_the_framework_internal_calls_that_ingest_counts_and_it_leaves_out(tmp_path: Path) -> None:
+    db = tmp_path / "t.duckdb"
+    result = ingest(db, [DATA / "external" / "any-agent-SMOLAGENTS_trace.json"])
+    assert result.accounting.tool_calls == 3  # the ingest counts every tool span, final_answer among them
+    con = open_store(db, read_only=True)
+    try:
+        data = report(con)
+    finally:
+        con.close()
+    assert data["tool_calls"] == 2 == sum(t["calls"] for t in data["tools"])
+    assert data["internal_calls"] == 1 and data["internal_tools"] == [{"tool": "final_answer", "calls": 1}]
+    assert "final_answer" not in {t["tool"] for t in data["tools"]}
+    assert data["tool_calls"] + data["internal_calls"] == result.accounting.tool_calls
+    table = subprocess.run(
+        [sys.executable, "-m", "treellm", "report", "--db", str(db)],
+        capture_output=True, text=True, check=True, env={"COLUMNS": "200", "PATH": ""},
+    )  # fmt: skip
+    assert "left out of every count: final_answer (1 call); TREELLM_INTERNAL_TOOLS" in table.stdout
+    one_tool = subprocess.run(
+        [sys.executable, "-m", "treellm", "report", "--db", str(db), "--tool", "write_file", "--format", "json"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert json.loads(one_tool.stdout)["internal_tools"] == []  # the filters hold for them too

@@ -53,6 +53,7 @@ def test_an_export_of_an_empty_store_reports_zero_runs(tmp_path: Path) -> None:
     }  # fmt: skip
     assert cli("report", "--parquet", str(tmp_path / "pq"), "--format", "json") == {
         "runs": 0, "tool_calls": 0, "pruned": 0, "identical_repeats": 0, "tools": [],
+        "internal_tools": [], "internal_calls": 0,
     }  # fmt: skip
     assert cli("tune", "--parquet", str(tmp_path / "pq"), "--format", "json") == {"tools": []}
     con, store = open_parquet([tmp_path / "pq"]), open_store(db, read_only=True)

@@ -17,6 +17,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import pytest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -213,3 +214,22 @@ def test_report_and_tune_print_hostile_names_without_control_bytes(tmp_path: Pat
     assert TOOL in {item["tool"] for item in json.loads(document)["tools"]}
     toml = _treellm("tune", "--db", str(db), "--format", "toml", "--min-samples", "1").decode()
     assert tomllib.loads(toml)["tools"].keys() == {TOOL}  # the same name, once the TOML is read
+
+
+def test_the_reports_note_on_internal_tools_prints_a_hostile_name_without_control_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A framework-internal tool is named by the trace (and by ``TREELLM_INTERNAL_TOOLS``): the
+    report's note under its table shows it as typed, as the table does its tools."""
+    source = Path(__file__).parent / "data" / "external" / "any-agent-SMOLAGENTS_trace.json"
+    hostile = tmp_path / "smolagents-hostile.json"
+    document = _rewrite(json.loads(source.read_text(encoding="utf-8")), {"write_file": TOOL})
+    hostile.write_text(json.dumps(document), encoding="utf-8")
+    monkeypatch.setenv("TREELLM_INTERNAL_TOOLS", f"final_answer,{TOOL}")
+    db = tmp_path / "t.duckdb"
+    ingest(db, [hostile])
+    printed = json.loads(_treellm("report", "--db", str(db), "--format", "json"))
+    assert {item["tool"] for item in printed["internal_tools"]} == {"final_answer", TOOL}
+    table = _assert_no_control(_treellm("report", "--db", str(db)))
+    note = next(line for line in table.splitlines() if line.startswith("Framework-internal tools"))
+    assert "\\x1b[31mred" in note and "\\x9b2J" in note and "[red]x[/]" in note and "final_answer (1 call)" in note

@@ -702,13 +702,26 @@ def _content_notes(data: dict[str, Any]) -> list[str]:
     return [head, *lines, *tail]
 
 
+def _internal_note(data: dict[str, Any]) -> list[str]:
+    """The calls of framework-internal tools, which no count of the report includes (``treellm
+    ingest`` counts them among its tool calls): one line naming each tool, empty when none."""
+    found = data.get("internal_tools") or []
+    if not found:
+        return []
+    tools = ", ".join(f"{item['tool']} ({item['calls']} call{'s' if item['calls'] != 1 else ''})" for item in found)
+    return [
+        f"Framework-internal tools are left out of every count: {tools}; "
+        "TREELLM_INTERNAL_TOOLS, read when traces are ingested, names them."
+    ]
+
+
 def _print_report(data: dict[str, Any]) -> None:
-    from rich.text import Text
+    from treellm.inspector import terminal_text
 
     console = _console(stderr=False)
     console.print(_report_renderable(data, console.width))
-    for line in _content_notes(data):
-        console.print(Text(line))
+    for line in [*_content_notes(data), *_internal_note(data)]:
+        console.print(terminal_text(line))  # the notes name tools: a trace's text, shown as typed
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:

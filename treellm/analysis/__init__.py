@@ -14,6 +14,7 @@ from treellm.analysis.filters import Filters
 from treellm.analysis.measures import (
     content_by_tool,
     cost_by_tool,
+    internal_calls_by_tool,
     prune_rate_by_model,
     prune_rate_by_tool,
     repeat_outcome_by_tool,
@@ -47,6 +48,7 @@ __all__ = [
     "cost_by_tool",
     "identical_repeats_and_rows",
     "identical_repeats_by_tool",
+    "internal_calls_by_tool",
     "limits_toml",
     "near_repeat_pairs",
     "near_repeats",

@@ -27,6 +27,7 @@ __all__ = [
     "REPEATS_SQL",
     "content_by_tool",
     "cost_by_tool",
+    "internal_calls_by_tool",
     "prune_rate_by_model",
     "prune_rate_by_tool",
     "repeat_outcome_by_tool",
@@ -161,6 +162,21 @@ def content_by_tool(con: StoreConnection, filters: Filters | None = None) -> pd.
     frame["framework"] = [framework for framework, _ in switches]
     frame["switch"] = [switch for _, switch in switches]
     return frame[CONTENT_COLUMNS].astype({"calls": int, "arguments_unknown": int, "results_unknown": int})
+
+
+def internal_calls_by_tool(con: StoreConnection, filters: Filters | None = None) -> pd.DataFrame:
+    """Per framework-internal tool (``internal``: smolagents' ``final_answer``..., as
+    ``TREELLM_INTERNAL_TOOLS`` said when the spans were stored), its calls in runs: the calls that
+    :data:`CALLS_SQL`, and so every count of the analysis, leaves out. Columns ``tool``, ``calls``."""
+    where, params = (filters or Filters()).where("c")
+    frame = _df(
+        con,
+        f"""SELECT c.tool AS tool, count(*) AS calls
+            FROM tool_calls c WHERE c.run_id IS NOT NULL AND c.internal AND {where}
+            GROUP BY c.tool ORDER BY c.tool""",
+        params,
+    )
+    return frame[["tool", "calls"]].astype({"calls": int})
 
 
 _OUTCOME_COLUMNS = ["tool", "ordinal", "repeats", "productive", "wasted", "failed", "unknown"]

@@ -8,7 +8,13 @@ from typing import Any
 import pandas as pd
 
 from treellm.analysis.filters import Filters
-from treellm.analysis.measures import content_by_tool, prune_rate_by_tool, repeat_outcome_by_tool, totals
+from treellm.analysis.measures import (
+    content_by_tool,
+    internal_calls_by_tool,
+    prune_rate_by_tool,
+    repeat_outcome_by_tool,
+    totals,
+)
 from treellm.analysis.near import near_repeats_by_tool
 from treellm.analysis.repeats import identical_repeats_by_tool
 from treellm.analysis.rules import rules_by_tool
@@ -27,7 +33,9 @@ def report(con: StoreConnection, filters: Filters | None = None) -> dict[str, An
     ``productive_repeats``, ``wasted_repeats`` and ``unknown_repeats`` among them,
     ``near_repeats``, and the calls whose spans hold no arguments (``arguments_unknown``: never
     a repeat) or no result (``results_unknown``), with ``capture_switch`` (``framework`` and
-    ``switch``, the setting that records them) when there are any."""
+    ``switch``, the setting that records them) when there are any. ``internal_tools`` lists the
+    calls that no count includes, per framework-internal tool (``tool``, ``calls``), and
+    ``internal_calls`` sums them: ``treellm ingest`` counts them among its tool calls."""
     f = filters or Filters()
     out: dict[str, Any] = totals(con, f)
     rates: dict[Any, dict[Any, Any]] = prune_rate_by_tool(con, f).set_index("tool").to_dict("index")
@@ -60,6 +68,11 @@ def report(con: StoreConnection, filters: Filters | None = None) -> dict[str, An
         )  # fmt: skip
     out["tools"] = tools
     out["identical_repeats"] = int(by_tool["identical_repeats"].sum())
+    internal = internal_calls_by_tool(con, f)
+    out["internal_tools"] = [
+        {"tool": _tool_name(t), "calls": int(n)} for t, n in zip(internal["tool"], internal["calls"], strict=True)
+    ]
+    out["internal_calls"] = int(internal["calls"].sum())
     return out
 
 
