@@ -24,6 +24,7 @@ PUBLIC = {
         "cost_by_tool",
         "identical_repeats_and_rows",
         "identical_repeats_by_tool",
+        "internal_calls_by_tool",
         "limits_toml",
         "near_repeat_pairs",
         "near_repeats",

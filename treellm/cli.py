@@ -711,7 +711,7 @@ def _internal_note(data: dict[str, Any]) -> list[str]:
     tools = ", ".join(f"{item['tool']} ({item['calls']} call{'s' if item['calls'] != 1 else ''})" for item in found)
     return [
         f"Framework-internal tools are left out of every count: {tools}; "
-        "TREELLM_INTERNAL_TOOLS, read when traces are ingested, names them."
+        f"{settings.TREELLM_INTERNAL_TOOLS.name}, read when traces are ingested, names them."
     ]
 
 
