@@ -337,19 +337,10 @@ def test_cli_report_and_tune_print_the_documented_json(day_store: Path, tmp_path
         return result.stdout
 
     data = json.loads(cli("report", "--db", str(day_store), "--format", "json"))
-    assert set(data) == {
-        "runs",
-        "tool_calls",
-        "pruned",
-        "identical_repeats",
-        "tools",
-        "internal_tools",
-        "internal_calls",
-    }
-    assert (data["internal_tools"], data["internal_calls"]) == (
-        [],
-        0,
-    )  # the day store holds treellm's own spans: none internal
+    assert set(data) == {"runs", "tool_calls", "pruned", "identical_repeats", "tools", "internal_tools",
+                         "internal_calls"}  # fmt: skip
+    # the day store holds treellm's own spans: none internal
+    assert (data["internal_tools"], data["internal_calls"]) == ([], 0)
     assert set(data["tools"][0]) == {"tool", "calls", "pruned", "prune_rate", "exact_repeats", "productive_repeats",
                                      "wasted_repeats", "unknown_repeats", "near_repeats", "identical_repeats",
                                      "identical_productive", "identical_wasted", "arguments_unknown",

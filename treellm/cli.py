@@ -705,10 +705,11 @@ def _content_notes(data: dict[str, Any]) -> list[str]:
 def _internal_note(data: dict[str, Any]) -> list[str]:
     """The calls of framework-internal tools, which no count of the report includes (``treellm
     ingest`` counts them among its tool calls): one line naming each tool, empty when none."""
-    found = data.get("internal_tools") or []
-    if not found:
+    if not data["internal_tools"]:
         return []
-    tools = ", ".join(f"{item['tool']} ({item['calls']} call{'s' if item['calls'] != 1 else ''})" for item in found)
+    tools = ", ".join(
+        f"{item['tool']} ({item['calls']} call{'s' if item['calls'] != 1 else ''})" for item in data["internal_tools"]
+    )
     return [
         f"Framework-internal tools are left out of every count: {tools}; "
         f"{settings.TREELLM_INTERNAL_TOOLS.name}, read when traces are ingested, names them."

@@ -18,7 +18,7 @@ import pandas as pd
 
 from treellm.analysis.filters import Filters
 from treellm.store.backend import Connection, StoreConnection, as_connection
-from treellm.store.views import CALLS_SQL
+from treellm.store.views import CALLS_SQL, INTERNAL_CALLS_SQL
 from treellm.telemetry.conventions import content_switch
 
 __all__ = [
@@ -166,13 +166,14 @@ def content_by_tool(con: StoreConnection, filters: Filters | None = None) -> pd.
 
 def internal_calls_by_tool(con: StoreConnection, filters: Filters | None = None) -> pd.DataFrame:
     """Per framework-internal tool (``internal``: smolagents' ``final_answer``..., as
-    ``TREELLM_INTERNAL_TOOLS`` said when the spans were stored), its calls in runs: the calls that
-    :data:`CALLS_SQL`, and so every count of the analysis, leaves out. Columns ``tool``, ``calls``."""
+    ``TREELLM_INTERNAL_TOOLS`` said when the spans were stored), its calls in runs
+    (:data:`INTERNAL_CALLS_SQL`): those that :data:`CALLS_SQL`, and so every count of the analysis,
+    leaves out. Columns ``tool``, ``calls``."""
     where, params = (filters or Filters()).where("c")
     frame = _df(
         con,
         f"""SELECT c.tool AS tool, count(*) AS calls
-            FROM tool_calls c WHERE c.run_id IS NOT NULL AND c.internal AND {where}
+            FROM ({INTERNAL_CALLS_SQL}) c WHERE {where}
             GROUP BY c.tool ORDER BY c.tool""",
         params,
     )

@@ -27,6 +27,7 @@ from treellm.derive.transform import result_sql
 
 __all__ = [
     "CALLS_SQL",
+    "INTERNAL_CALLS_SQL",
     "NEAR_CANDIDATES_SQL",
     "REPEAT_CALLS_SQL",
     "REPEAT_NODES_SQL",
@@ -233,16 +234,23 @@ prunes AS (
 """One row per run: treellm's root ``invoke_agent`` span, or for other frameworks the outermost
 agent span, else the trace root (``run_id`` says which)."""
 
-CALLS_SQL: Final = """
+_IN_A_RUN = "run_id IS NOT NULL"
+"""The calls of ``tool_calls`` that the analysis reads: those in a run (ingest reports the rest as
+placed nowhere)."""
+
+CALLS_SQL: Final = f"""
 SELECT run_id, node_id, parent_id, tool, signature, ordinal, "limit", limit_source, result_hash, shadow_caught,
        status, arguments, result, start_ns, end_ns, duration_ns, earlier_node_ids, trace_id, span_id, call_id,
        convention, scope_name, repeat_chain
 FROM tool_calls
-WHERE run_id IS NOT NULL AND NOT internal
+WHERE {_IN_A_RUN} AND NOT internal
 """
 """The executed calls the analysis counts: ``tool_calls`` without framework-internal tools
 (smolagents' ``final_answer``...) and calls outside any run. ``path_position`` is not selected,
 so its window is not computed."""
+
+INTERNAL_CALLS_SQL: Final = f"SELECT run_id, tool FROM tool_calls WHERE {_IN_A_RUN} AND internal"
+"""The calls in runs that :data:`CALLS_SQL` leaves out: those of framework-internal tools."""
 
 _RUNS_WITH: Final = f"""
 WITH calls AS ({CALLS_SQL}),
